@@ -1,0 +1,44 @@
+"""`scalerl` command line: `scalerl train [--config run.yaml] [--set key=value ...]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from scalerl.cli.common import launch
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, help="ScaleRL: RL post-training for language models.")
+
+
+@app.callback()
+def _root() -> None:
+    """ScaleRL: RL post-training for language models (GRPO on CPU or GPU)."""
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of overrides of the defaults."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one key, e.g. --set optim.lr=3e-5 (repeatable)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Run name: the run directory is <log.run_dir>/<name>."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Shorthand for --set train.steps=N."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest complete checkpoint."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Train a policy. With no arguments: GRPO on the built-in model and arithmetic environment."""
+    overrides = list(set_)
+    if name is not None:
+        overrides.append(f"log.name={name}")
+    if steps is not None:
+        overrides.append(f"train.steps={steps}")
+    launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The typed run configuration: the single source of truth for every job.
+
+YAML files hold sparse overrides of these defaults; `--set key.sub=value` overrides on the command
+line; the resolved config is written into the run directory. Unknown keys and wrong types are
+rejected when the config is built, naming the key. Help text lives on the fields.
+
+No torch import here, so `scalerl --help` and `--dry-run` stay instant.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scalerl.errors import ScaleRLError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("builtin", description="'builtin', a local Hugging Face model folder, or a hub id (needs the hub).")
+    tokenizer: str | None = Field(None, description="Tokenizer folder or hub id; defaults to `path`.")
+    trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless you trust it.")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="flash_attention_2 needs a CUDA GPU and the flash-attn package; on CPU it falls back to sdpa with a warning.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    fp32_lm_head: bool = Field(True, description="Compute log-probs from float32 logits whatever the model's dtype.")
+
+
+class EnvConfig(_Section):
+    name: str = Field("arithmetic", description="A built-in environment name or a plug-in 'module:Class'.")
+    args: dict[str, Any] = Field(default_factory=dict, description="The environment's own options (validated by its Config).")
+    shuffle: bool = Field(True, description="Reshuffle the training pool every pass (seeded); False uses it in order.")
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: Hugging Face model with KV cache (CPU or GPU); vllm: not yet available.")
+    prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per training step (per process).")
+    group_size: int = Field(8, ge=1, description="Completions per prompt (the GRPO group).")
+    max_new_tokens: int = Field(8, ge=1, description="Longest completion, in tokens; longer ones are truncated.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (also applied to the training log-probs).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps the full distribution.")
+    top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
+
+
+class KLConfig(_Section):
+    beta: float = Field(0.0, ge=0, description="KL penalty weight; 0 skips the reference model entirely.")
+    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the reference policy.")
+    track: bool = Field(False, description="Load the reference model to measure KL even when beta is 0 (costs one forward per step).")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.beta > 0 or self.track
+
+
+class GRPOConfig(_Section):
+    name: Literal["grpo"] = "grpo"
+    clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
+    clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high.")
+    loss_agg: Literal["token", "sequence"] = Field("token", description="token: mean over all tokens of the batch; sequence: mean per completion, then over completions.")
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group's std (False is Dr. GRPO).")
+    adv_eps: float = Field(1e-4, gt=0, description="Added to the group std before dividing.")
+    kl: KLConfig = Field(default_factory=KLConfig)
+
+
+AlgorithmConfig = GRPOConfig  # PPO, CISPO, RLOO join as a discriminated union on `name`.
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate.")
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over these optimizer steps.")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to min_lr_ratio*lr at the last step.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
+    offload: bool = Field(False, description="Keep optimizer states on the CPU (GPU runs); a no-op on CPU.")
+
+
+class TrainConfig(_Section):
+    steps: int = Field(200, ge=1, description="Training steps; each samples a fresh batch.")
+    epochs: int = Field(1, ge=1, description="Optimisation passes over each sampled batch.")
+    mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")
+    micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
+    seed: int = 0
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's choice.")
+    precision: Literal["fp32", "bf16", "fp8"] = Field("fp32", description="bf16 autocast works on CPU and GPU; fp8 needs an H100-class GPU.")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class EvalConfig(_Section):
+    every: int = Field(50, ge=0, description="Evaluate the held-out greedy pass rate every N steps (and before and after); 0: only before and after.")
+    max_tasks: int | None = Field(None, ge=1, description="Evaluate on at most this many held-out tasks.")
+    batch_size: int = Field(256, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_new_tokens.")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0, description="Save every N steps (0: only at the end).")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted once a newer one is complete.")
+    save_final: bool = True
+
+
+class LogConfig(_Section):
+    run_dir: Path = Field(Path("runs"), description="Parent folder of run directories.")
+    name: str | None = Field(None, description="Run name (runs/<name>); default: a timestamp.")
+    tensorboard: bool = True
+    console: Literal["rich", "plain", "none"] = Field("rich", description="rich: live progress bar; plain: a line per step.")
+
+
+class Config(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> "Config":
+        batch = self.rollout.prompts_per_step * self.rollout.group_size
+        mini = self.train.mini_batch_size or batch
+        micro = self.train.micro_batch_size or mini
+        if batch % mini:
+            raise ValueError(f"train.mini_batch_size ({mini}) must divide the batch of {batch} completions (rollout.prompts_per_step x rollout.group_size)")
+        if mini % micro:
+            raise ValueError(f"train.micro_batch_size ({micro}) must divide train.mini_batch_size ({mini})")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Completions sampled per step and process."""
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+
+def _format_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        parent = _section_at(first["loc"][:-1])
+        allowed = ", ".join(parent.model_fields) if parent else ""
+        return f"{where}: unknown key; allowed here: {allowed}"
+    if first["type"] == "literal_error":
+        return f"{where}: {msg} (got {first['input']!r})"
+    return f"{where or 'config'}: {msg}" + (f" (got {first['input']!r})" if where and "input" in first and not isinstance(first["input"], dict) else "")
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    cls: type[BaseModel] = Config
+    for key in loc:
+        field = cls.model_fields.get(str(key))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        cls = field.annotation
+    return cls
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ScaleRLError(f"--set {dotted}: '{key}' is a value, not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key.sub=value` with the value parsed as YAML (so 1e-4, true, [1, 2] and null work)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ScaleRLError(f"--set {item!r}: expected key.sub=value, e.g. --set optim.lr=3e-5")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Defaults <- YAML file <- overrides, validated; raises ScaleRLError with a one-line message."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
+        try:
+            tree = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        if not isinstance(tree, dict):
+            raise ScaleRLError(f"config file {path} must hold a mapping of sections (model:, env:, ...)")
+    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
+    for key, value in items:
+        _set_dotted(tree, key, value)
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as err:
+        raise ScaleRLError(_format_error(err)) from None
+    from scalerl.envs.registry import validate_env_args
+
+    validate_env_args(config.env.name, config.env.args)
+    return config
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,82 @@
+"""Process-group setup and the few collectives the trainer uses.
+
+A single process is rank 0 of world size 1 on the same code path: every collective below is then
+the identity, so the training loop never branches on whether it is distributed. Under `torchrun`
+(WORLD_SIZE > 1) the group is NCCL on CUDA and gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from scalerl.errors import ScaleRLError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over ranks (in place on a copy)."""
+        if not self.active:
+            return values
+        values = values.clone()
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        return values
+
+    def sum_gradients(self, model: torch.nn.Module) -> None:
+        """Sum gradients over ranks. The loss is already divided by the *global* token (or
+        sequence) count, so the sum, not the mean, gives the gradient of the global batch."""
+        if not self.active:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset: offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+
+def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise ScaleRLError("train.device=cuda but no CUDA GPU is visible; use train.device=cpu (or auto)")
+    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(device_preference: str = "auto") -> DistContext:
+    """Join the process group started by torchrun, or return rank 0 of 1."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(device_preference, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.active and dist.is_initialized():
+        dist.destroy_process_group()

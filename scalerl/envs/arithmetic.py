@@ -1,0 +1,91 @@
+"""Built-in `arithmetic` environment: `a+b=` prompts with an exact-answer reward.
+
+Every (a, op, b) triple with operands in [min_operand, max_operand] is enumerated (operator outer,
+then a, then b), shuffled once with `random.Random(split_seed)`; the first `num_eval` are the
+held-out set and the rest, in that shuffled order, the training pool. With the defaults (`+`
+only, operands 0-99, 200 held out, split seed 0) this is exactly the split of the CPU reference
+benchmark, so both libraries can be run on the same prompts.
+
+Reward (binary, no partial credit): 1.0 iff the completion is the answer followed by the end of
+sequence or a space (anything after the space is ignored), else 0.0. A completion cut off at
+`max_new_tokens` right after the digits earns nothing: the model did not say it was done.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import random
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scalerl.envs.base import Completion, Task
+from scalerl.errors import ScaleRLError
+
+OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+class ArithmeticConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    min_operand: int = Field(0, ge=0, description="Smallest operand.")
+    max_operand: int = Field(99, ge=0, description="Largest operand.")
+    operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
+    num_eval: int = Field(200, ge=1, description="Held-out prompts for the greedy pass rate.")
+    split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training prompts.")
+    train_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated training pool.")
+    eval_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated held-out set.")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> "ArithmeticConfig":
+        if self.max_operand < self.min_operand:
+            raise ValueError(f"max_operand ({self.max_operand}) must be >= min_operand ({self.min_operand})")
+        n = (self.max_operand - self.min_operand + 1) ** 2 * len(self.operators)
+        if self.train_file is None and self.num_eval >= n:
+            raise ValueError(f"num_eval ({self.num_eval}) leaves no training prompts out of {n}; lower it")
+        return self
+
+
+def read_tasks(path: Path) -> list[Task]:
+    """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`)."""
+    if not path.is_file():
+        raise ScaleRLError(f"task file {path} does not exist: give a JSONL file with 'prompt' and 'answer' fields")
+    tasks = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
+        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+            raise ScaleRLError(f"{path}:{i}: expected a JSON object with 'prompt' and 'answer' ({err})") from None
+    if not tasks:
+        raise ScaleRLError(f"task file {path} holds no tasks: add JSONL lines with 'prompt' and 'answer'")
+    return tasks
+
+
+class ArithmeticEnv:
+    Config = ArithmeticConfig
+
+    def __init__(self, config: ArithmeticConfig | None = None):
+        self.config = config or ArithmeticConfig()
+        c = self.config
+        operands = range(c.min_operand, c.max_operand + 1)
+        triples = [(a, op, b) for op in c.operators for a in operands for b in operands]
+        random.Random(c.split_seed).shuffle(triples)
+        tasks = [Task(prompt=f"{a}{op}{b}=", answer=str(OPERATORS[op](a, b))) for a, op, b in triples]
+        self._eval = read_tasks(c.eval_file) if c.eval_file else tasks[: c.num_eval]
+        self._train = read_tasks(c.train_file) if c.train_file else tasks[c.num_eval :]
+
+    def train_tasks(self) -> list[Task]:
+        return self._train
+
+    def eval_tasks(self) -> list[Task]:
+        return self._eval
+
+    def score(self, task: Task, completion: Completion) -> float:
+        answer = task.answer
+        exact = completion.finished and completion.text == answer
+        return 1.0 if exact or completion.text.startswith(answer + " ") else 0.0

@@ -1,0 +1,29 @@
+"""Turning a rollout's token rows into `Completion`s and rewards."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from scalerl.envs.base import Completion, Environment, Task
+from scalerl.rollout.base import Rollout
+
+
+def completions_of(rollout: Rollout, tokenizer) -> list[Completion]:
+    """Decode each completion up to (not including) its EOS; special tokens inside are kept, so a
+    verifier sees exactly what the policy emitted."""
+    lengths = rollout.completion_mask.sum(1).tolist()
+    rows = rollout.completion_ids.tolist()
+    truncated = rollout.truncated.tolist()
+    ids = [tuple(row[: n - (0 if cut else 1)]) for row, n, cut in zip(rows, lengths, truncated)]
+    texts = tokenizer.batch_decode([list(i) for i in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return [Completion(text=t, token_ids=i, finished=not cut) for t, i, cut in zip(texts, ids, truncated)]
+
+
+def score_rollout(env: Environment, tasks: Sequence[Task], rollout: Rollout, tokenizer) -> torch.Tensor:
+    """(B,) float32 rewards; row i answers `tasks[rollout.group_ids[i]]`."""
+    completions = completions_of(rollout, tokenizer)
+    group_ids = rollout.group_ids.tolist()
+    rewards = [float(env.score(tasks[g], c)) for g, c in zip(group_ids, completions)]
+    return torch.tensor(rewards, dtype=torch.float32)

@@ -1,0 +1,96 @@
+"""Loading the policy (and its tokenizer) from the built-in folder, a local folder or the hub."""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from scalerl.config import ModelConfig
+from scalerl.errors import ScaleRLError
+
+log = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+
+
+def builtin_model_dir() -> Path:
+    """The tiny Llama shipped inside the package (built by scripts/build_base_model.py)."""
+    return Path(str(resources.files("scalerl.models") / "builtin"))
+
+
+def resolve_model_path(path: str) -> str:
+    """A local folder, the built-in model, or a hub id; a missing local-looking path is an error."""
+    if path == BUILTIN:
+        return str(builtin_model_dir())
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ScaleRLError(f"model.path: {path} has no config.json; point it at a Hugging Face model folder (save_pretrained output)")
+        return str(local)
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or local.suffix in {".safetensors", ".bin", ".pt"}
+    if looks_local or local.exists():
+        raise ScaleRLError(f"model.path: {path} is not a model folder; give a folder with config.json and weights, or 'builtin'")
+    return path  # a hub id such as Qwen/Qwen2.5-0.5B
+
+
+def select_attention(requested: str, device: torch.device) -> str:
+    """flash_attention_2 where it can run, else sdpa with a one-line warning."""
+    if requested != "flash_attention_2":
+        return requested
+    if device.type != "cuda":
+        log.warning("model.attn_implementation=flash_attention_2 needs a CUDA GPU; using sdpa on %s", device.type)
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        log.warning("model.attn_implementation=flash_attention_2 needs `pip install flash-attn`; using sdpa")
+        return "sdpa"
+    return requested
+
+
+def load_tokenizer(config: ModelConfig):
+    from transformers import AutoTokenizer
+
+    source = resolve_model_path(config.tokenizer or config.path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ScaleRLError(f"model.tokenizer: cannot load a tokenizer from {source} ({_first_line(err)}){_offline_hint()}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # decoder-only models often ship without a pad token
+    if tokenizer.eos_token_id is None:
+        raise ScaleRLError(f"model.tokenizer: {source} defines no eos_token; completions could never end")
+    return tokenizer
+
+
+def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" / "Writing model shards" bars in our console
+    source = resolve_model_path(config.path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source,
+            dtype=dtype,
+            attn_implementation=select_attention(config.attn_implementation, device),
+            trust_remote_code=config.trust_remote_code,
+        )
+    except (OSError, ValueError) as err:
+        raise ScaleRLError(f"model.path: cannot load a causal LM from {source} ({_first_line(err)}){_offline_hint()}") from None
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False  # the rollout passes use_cache=True explicitly
+    return model.to(device)
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+
+
+def _offline_hint() -> str:
+    return "; the hub is off (HF_HUB_OFFLINE=1): use a local folder" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""

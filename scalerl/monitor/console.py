@@ -1,0 +1,68 @@
+"""What a person watching the run sees: a live progress bar, then a summary table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+class RunConsole:
+    """`rich`: a live bar with reward, KL and pass rate; `plain`: one line per step; `none`: silent.
+
+    Only rank 0 builds one; the other ranks get mode `none`.
+    """
+
+    def __init__(self, mode: str, total_steps: int, start_step: int = 0):
+        self.mode, self.total = mode, total_steps
+        self.console = Console(stderr=False)
+        self.pass_rate: float | None = None
+        self._progress = None
+        if mode == "rich":
+            self._progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}  pass {task.fields[pass_rate]}"),
+                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, reward="—", kl="—", pass_rate="—")
+            self._progress.start()
+
+    def print(self, message: str) -> None:
+        if self.mode != "none":
+            self.console.print(message, highlight=False)
+
+    def step(self, step: int, metrics: dict[str, Any]) -> None:
+        if metrics.get("eval/pass_rate") is not None:
+            self.pass_rate = metrics["eval/pass_rate"]
+        reward, kl, pr = _fmt(metrics.get("reward_mean")), _fmt(metrics.get("kl"), ".4f"), _fmt(self.pass_rate)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, reward=reward, kl=kl, pass_rate=pr)
+        elif self.mode == "plain":
+            self.console.print(f"step {step}/{self.total}  reward {reward}  kl {kl}  loss {_fmt(metrics.get('loss'), '.4f')}  pass {pr}", highlight=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if self.mode == "none":
+            return
+        table = Table(title="ScaleRL run summary", show_header=False)
+        table.add_column(style="bold")
+        table.add_column()
+        rows = [
+            ("held-out pass rate", f"{_fmt(summary['pass_rate_before'])} → {_fmt(summary['pass_rate_after'])}"),
+            ("steps", str(summary["steps"])),
+            ("wall time", f"{summary['wall_time_s']:.1f} s"),
+            ("generated tokens/s", f"{summary['tokens_per_s']:.0f}"),
+            ("run directory", summary["run_dir"]),
+        ]
+        for key, value in rows:
+            table.add_row(key, value)
+        self.console.print(table)

@@ -1,0 +1,35 @@
+"""Optimizer and learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from scalerl.config import OptimConfig
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; the fused kernel where the device has one (CPU and CUDA in current torch)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+                             weight_decay=config.weight_decay, fused=device.type in {"cpu", "cuda"})
+
+
+def lr_factor(step: int, total: int, config: OptimConfig) -> float:
+    """Multiplier of the peak lr at optimizer step `step` (0-based) of `total`.
+
+    Linear warm-up over `warmup_steps` (step s uses (s+1)/warmup), then constant, linear or cosine
+    decay to `min_lr_ratio` at the last step.
+    """
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - config.warmup_steps) / max(1, total - config.warmup_steps))
+    decay = 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * decay
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))
