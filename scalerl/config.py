@@ -40,7 +40,7 @@ class EnvConfig(_Section):
 
 class RolloutConfig(_Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="hf: Hugging Face model with KV cache (CPU or GPU); vllm: not yet available.")
-    prompts_per_step: int = Field(8, ge=1, description="Prompts sampled per training step (per process).")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per training step (per process).")
     group_size: int = Field(8, ge=1, description="Completions per prompt (the GRPO group).")
     max_new_tokens: int = Field(8, ge=1, description="Longest completion, in tokens; longer ones are truncated.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (also applied to the training log-probs).")
@@ -84,7 +84,7 @@ class OptimConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(200, ge=1, description="Training steps; each samples a fresh batch.")
+    steps: int = Field(300, ge=1, description="Training steps; each samples a fresh batch.")
     epochs: int = Field(1, ge=1, description="Optimisation passes over each sampled batch.")
     mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")
     micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
@@ -184,6 +184,11 @@ def parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return key.strip(), value
 
 
@@ -207,8 +212,12 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     except ValidationError as err:
         raise ScaleRLError(_format_error(err)) from None
     from scalerl.envs.registry import validate_env_args
+    from scalerl.models.paths import resolve_model_path
 
     validate_env_args(config.env.name, config.env.args)
+    resolve_model_path(config.model.path)  # a missing local folder fails here, before anything loads
+    if config.model.tokenizer:
+        resolve_model_path(config.model.tokenizer, "model.tokenizer")
     return config
 
 

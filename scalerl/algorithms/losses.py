@@ -91,7 +91,8 @@ def grpo_loss(
         mask = loss_mask.bool()
         n = mask.sum().clamp(min=1)
         stats = {
-            "clip_frac": ((unclipped != clipped) & mask).sum() / n,
+            # Tokens where the clipped branch is the one taken (its gradient is zero), as TRL counts.
+            "clip_frac": ((clipped < unclipped) & mask).sum() / n,
             # k3 estimate of KL(π_old ‖ π_θ), as in PPO implementations' approx_kl.
             "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,
             "ratio_mean": (ratio * mask).sum() / n,

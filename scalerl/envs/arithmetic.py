@@ -59,7 +59,7 @@ def read_tasks(path: Path) -> list[Task]:
         try:
             row = json.loads(line)
             tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
             raise ScaleRLError(f"{path}:{i}: expected a JSON object with 'prompt' and 'answer' ({err})") from None
     if not tasks:
         raise ScaleRLError(f"task file {path} holds no tasks: add JSONL lines with 'prompt' and 'answer'")

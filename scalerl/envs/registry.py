@@ -45,8 +45,8 @@ def validate_env_args(name: str, args: dict[str, Any]) -> None:
         config_cls.model_validate(args)
     except ValidationError as err:
         first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ScaleRLError(f"env.args.{where}: {first['msg']}") from None
+        where = ".".join(["env.args", *(str(p) for p in first["loc"])])
+        raise ScaleRLError(f"{where}: {first['msg']}") from None
 
 
 def build_env(name: str, args: dict[str, Any]) -> Environment:

@@ -4,38 +4,14 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib import resources
-from pathlib import Path
 
 import torch
 
 from scalerl.config import ModelConfig
 from scalerl.errors import ScaleRLError
+from scalerl.models.paths import resolve_model_path
 
 log = logging.getLogger(__name__)
-
-BUILTIN = "builtin"
-
-
-def builtin_model_dir() -> Path:
-    """The tiny Llama shipped inside the package (built by scripts/build_base_model.py)."""
-    return Path(str(resources.files("scalerl.models") / "builtin"))
-
-
-def resolve_model_path(path: str) -> str:
-    """A local folder, the built-in model, or a hub id; a missing local-looking path is an error."""
-    if path == BUILTIN:
-        return str(builtin_model_dir())
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise ScaleRLError(f"model.path: {path} has no config.json; point it at a Hugging Face model folder (save_pretrained output)")
-        return str(local)
-    looks_local = path.startswith((".", "/", "~")) or path.count("/") > 1 or local.suffix in {".safetensors", ".bin", ".pt"}
-    if looks_local or local.exists():
-        raise ScaleRLError(f"model.path: {path} is not a model folder; give a folder with config.json and weights, or 'builtin'")
-    return path  # a hub id such as Qwen/Qwen2.5-0.5B
-
 
 def select_attention(requested: str, device: torch.device) -> str:
     """flash_attention_2 where it can run, else sdpa with a one-line warning."""
@@ -55,7 +31,7 @@ def select_attention(requested: str, device: torch.device) -> str:
 def load_tokenizer(config: ModelConfig):
     from transformers import AutoTokenizer
 
-    source = resolve_model_path(config.tokenizer or config.path)
+    source = resolve_model_path(config.tokenizer or config.path, "model.tokenizer" if config.tokenizer else "model.path")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     except (OSError, ValueError) as err:
@@ -83,7 +59,9 @@ def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = t
     except (OSError, ValueError) as err:
         raise ScaleRLError(f"model.path: cannot load a causal LM from {source} ({_first_line(err)}){_offline_hint()}") from None
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # transformers 5.x renamed gradient_checkpointing_enable to activation_checkpointing_enable.
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
         model.config.use_cache = False  # the rollout passes use_cache=True explicitly
     return model.to(device)
 

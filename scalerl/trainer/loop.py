@@ -62,9 +62,9 @@ def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
     seed_everything(config.train.seed + ctx.rank)
     autocast_dtype = check_precision(config.train.precision, ctx.device)
     check_offload(config, ctx.device)
-    run_dir = prepare_run_dir(config, ctx, resume)
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, ctx.device)
+    run_dir = prepare_run_dir(config, ctx, resume)
     policy.train()
     # β = 0 (and no tracking) never builds or runs a reference model.
     reference = build_reference(policy) if config.algorithm.kl.needs_reference else None

@@ -20,13 +20,13 @@ def lr_factor(step: int, total: int, config: OptimConfig) -> float:
     """Multiplier of the peak lr at optimizer step `step` (0-based) of `total`.
 
     Linear warm-up over `warmup_steps` (step s uses (s+1)/warmup), then constant, linear or cosine
-    decay to `min_lr_ratio` at the last step.
+    decay that reaches `min_lr_ratio` at the last step, `total - 1`.
     """
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     if config.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - config.warmup_steps) / max(1, total - config.warmup_steps))
+    progress = min(1.0, (step - config.warmup_steps) / max(1, total - 1 - config.warmup_steps))
     decay = 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * decay
 

@@ -1,0 +1,249 @@
+"""load_config / dump_config: defaults, YAML, --set overrides and the error messages."""
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scalerl.config import Config, dump_config, load_config, parse_override
+from scalerl.errors import ScaleRLError
+
+
+def _error(path=None, overrides=None) -> str:
+    with pytest.raises(ScaleRLError) as info:
+        load_config(path, overrides)
+    return str(info.value)
+
+
+def test_defaults_are_valid():
+    config = load_config()
+    assert config == Config()
+    assert config.env.name == "arithmetic"
+    assert config.batch_size == config.rollout.prompts_per_step * config.rollout.group_size
+
+
+def test_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(textwrap.dedent("""\
+        optim:
+          lr: 0.001
+          schedule: cosine
+        rollout:
+          group_size: 4
+        algorithm:
+          kl:
+            beta: 0.05
+    """))
+    config = load_config(path)
+    assert config.optim.lr == 0.001
+    assert config.optim.schedule == "cosine"
+    assert config.rollout.group_size == 4
+    assert config.algorithm.kl.beta == 0.05
+    assert config.algorithm.kl.needs_reference
+    assert config.train.steps == Config().train.steps  # untouched defaults stay
+    assert config.batch_size == config.rollout.prompts_per_step * 4
+
+
+def test_empty_yaml_file_gives_defaults(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("")
+    assert load_config(path) == Config()
+
+
+def test_overrides_parse_types():
+    config = load_config(None, ["optim.lr=3e-5", "train.steps=7", "model.trust_remote_code=true",
+                                "optim.max_grad_norm=null", "optim.betas=[0.8, 0.95]", "log.name=run1"])
+    assert isinstance(config.optim.lr, float) and config.optim.lr == 3e-5
+    assert isinstance(config.train.steps, int) and config.train.steps == 7
+    assert config.model.trust_remote_code is True
+    assert config.optim.max_grad_norm is None
+    assert config.optim.betas == (0.8, 0.95)
+    assert config.log.name == "run1"
+
+
+def test_overrides_win_over_yaml(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("optim:\n  lr: 0.001\n  warmup_steps: 5\n")
+    config = load_config(path, ["optim.lr=0.002"])
+    assert config.optim.lr == 0.002
+    assert config.optim.warmup_steps == 5
+
+
+def test_overrides_as_dict():
+    config = load_config(None, {"optim.lr": 3e-5, "env.args.max_operand": 50})
+    assert config.optim.lr == 3e-5
+    assert config.env.args == {"max_operand": 50}
+
+
+def test_parse_override_values():
+    assert parse_override("train.steps=7") == ("train.steps", 7)
+    assert parse_override("optim.lr=0.5") == ("optim.lr", 0.5)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=null") == ("a.b", None)
+    assert parse_override("a.b=[1, 2]") == ("a.b", [1, 2])
+    assert parse_override(" a.b =x") == ("a.b", "x")  # the key is stripped
+    assert parse_override("a.b=") == ("a.b", "")
+
+
+def test_parse_override_exponent_without_dot_is_a_float():
+    assert parse_override("optim.lr=1e-4") == ("optim.lr", 1e-4)
+
+
+@pytest.mark.parametrize("bad", ["optim.lr", "=3", ""])
+def test_malformed_override(bad):
+    msg = _error(None, [bad])
+    assert "expected key.sub=value" in msg
+
+
+def test_override_into_a_value_raises():
+    msg = _error(None, ["optim.lr=1", "optim.lr.x=2"])
+    assert "optim.lr.x" in msg and "not a section" in msg
+
+
+def test_unknown_key_names_dotted_key_and_allowed_keys():
+    msg = _error(None, ["optim.lrr=1"])
+    assert msg.startswith("optim.lrr:")
+    assert "unknown key" in msg
+    for allowed in ("lr", "betas", "warmup_steps", "schedule", "max_grad_norm"):
+        assert allowed in msg
+
+
+def test_unknown_nested_and_top_level_keys():
+    msg = _error(None, ["algorithm.kl.bet=1"])
+    assert msg.startswith("algorithm.kl.bet:")
+    assert "beta" in msg and "estimator" in msg and "track" in msg
+    msg = _error(None, ["optimizer.lr=1"])
+    assert msg.startswith("optimizer:") or msg.startswith("optimizer.")
+    assert "optim" in msg and "rollout" in msg
+
+
+def test_unknown_key_in_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  stepz: 3\n")
+    msg = _error(path)
+    assert "train.stepz" in msg and "steps" in msg
+
+
+def test_wrong_type_names_key_and_value():
+    msg = _error(None, ["optim.lr=abc"])
+    assert msg.startswith("optim.lr:")
+    assert "'abc'" in msg
+    msg = _error(None, ["train.steps=0"])  # ge=1
+    assert msg.startswith("train.steps:")
+
+
+def test_bad_literal_names_key_and_allowed_values():
+    msg = _error(None, ["optim.schedule=foo"])
+    assert msg.startswith("optim.schedule:")
+    for allowed in ("'constant'", "'linear'", "'cosine'"):
+        assert allowed in msg
+    assert "'foo'" in msg
+
+
+def test_missing_config_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    msg = _error(path)
+    assert str(path) in msg and "does not exist" in msg
+
+
+def test_invalid_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("optim: [1, 2\n")
+    msg = _error(path)
+    assert str(path) in msg and "not valid YAML" in msg
+    assert "\n" not in msg  # one line
+
+
+def test_yaml_that_is_not_a_mapping(tmp_path):
+    path = tmp_path / "list.yaml"
+    path.write_text("- 1\n- 2\n")
+    assert "must hold a mapping" in _error(path)
+
+
+def test_mini_batch_must_divide_batch():
+    # batch = 8 prompts x 8 completions = 64; 5 does not divide it, 16 does.
+    batch = ["rollout.prompts_per_step=8", "rollout.group_size=8"]
+    msg = _error(None, batch + ["train.mini_batch_size=5"])
+    assert "train.mini_batch_size (5)" in msg and "64" in msg
+    assert load_config(None, batch + ["train.mini_batch_size=16"]).train.mini_batch_size == 16
+
+
+def test_micro_batch_must_divide_mini_batch():
+    msg = _error(None, ["rollout.prompts_per_step=8", "rollout.group_size=8",
+                        "train.mini_batch_size=8", "train.micro_batch_size=3"])
+    assert "train.micro_batch_size (3)" in msg
+
+
+def test_env_args_validated_through_env_config():
+    msg = _error(None, ["env.args.max_operand=x"])
+    assert "env.args.max_operand" in msg
+    msg = _error(None, ["env.args.max_operandd=5"])
+    assert "env.args.max_operandd" in msg
+    assert load_config(None, ["env.args.max_operand=50"]).env.args == {"max_operand": 50}
+
+
+def test_env_args_cross_field_error_mentions_the_problem():
+    msg = _error(None, ["env.args.min_operand=10", "env.args.max_operand=5"])
+    assert msg.startswith("env.args")
+    assert "max_operand (5) must be >= min_operand (10)" in msg
+
+
+def test_env_args_cross_field_error_has_no_dangling_dot():
+    msg = _error(None, ["env.args.min_operand=10", "env.args.max_operand=5"])
+    assert not msg.startswith("env.args.:")
+
+
+def test_unknown_env_name_lists_known_names():
+    msg = _error(None, ["env.name=arithmatic"])
+    assert "env.name" in msg and "'arithmatic'" in msg
+    assert "[arithmetic]" in msg
+    assert "module:Class" in msg
+
+
+def test_plugin_module_that_does_not_import():
+    msg = _error(None, ["env.name=no_such_module_xyz:MyEnv"])
+    assert msg.startswith("env.name:")
+    assert "cannot import module 'no_such_module_xyz'" in msg
+
+
+def test_plugin_attribute_missing_or_not_an_env():
+    msg = _error(None, ["env.name=json:NoSuchClass"])
+    assert "has no attribute 'NoSuchClass'" in msg
+    msg = _error(None, ["env.name=json:JSONDecoder"])
+    assert "is not an environment" in msg and "train_tasks" in msg
+
+
+def test_plugin_env_args_validated(tmp_path, monkeypatch):
+    (tmp_path / "my_test_plugin_env.py").write_text(textwrap.dedent("""\
+        from pydantic import BaseModel, ConfigDict
+
+        class Cfg(BaseModel):
+            model_config = ConfigDict(extra="forbid")
+            size: int = 3
+
+        class MyEnv:
+            Config = Cfg
+            def __init__(self, config): self.config = config
+            def train_tasks(self): return []
+            def eval_tasks(self): return []
+            def score(self, task, completion): return 0.0
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = load_config(None, ["env.name=my_test_plugin_env:MyEnv", "env.args.size=5"])
+    assert config.env.args == {"size": 5}
+    msg = _error(None, ["env.name=my_test_plugin_env:MyEnv", "env.args.size=big"])
+    assert "env.args.size" in msg
+    sys.modules.pop("my_test_plugin_env", None)
+
+
+def test_dump_config_round_trips(tmp_path):
+    config = load_config(None, ["optim.lr=3e-5", "train.steps=7", "optim.max_grad_norm=null", "log.name=x",
+                                "env.args.max_operand=50", "algorithm.loss_agg=sequence", "optim.betas=[0.8, 0.9]"])
+    text = dump_config(config)
+    path = tmp_path / "resolved.yaml"
+    path.write_text(text)
+    again = load_config(path)
+    assert again == config
+    assert dump_config(again) == text
+    assert isinstance(again.log.run_dir, Path)
