@@ -9,7 +9,8 @@ What the full trainer (`scalerl train`, scalerl/trainer/loop.py) adds and this f
 YAML config and validation, the reference model and KL penalty (β = 0 here, the common choice for
 verifiable rewards), several optimisation epochs and micro-batches per step (one update per
 sampled batch here, so the importance ratio is exactly 1), LR schedules, checkpoints and resume,
-TensorBoard, the progress bar, and torch.distributed. The numbers it computes are the same.
+TensorBoard, the progress bar, and torch.distributed. The advantage, loss and log-prob functions
+are the very ones the trainer calls.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def main() -> None:
     start = time.perf_counter()
     for step in range(1, args.steps + 1):
         # 1. sample: `group` completions for each of `prompts` prompts, (B, T) with B = prompts * group
-        tasks = [pool[(step * args.prompts + i) % len(pool)] for i in range(args.prompts)]
+        tasks = [pool[((step - 1) * args.prompts + i) % len(pool)] for i in range(args.prompts)]
         batch = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], params, generator)
 
         # 2. score: one scalar reward per completion, (B,)

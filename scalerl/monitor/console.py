@@ -54,8 +54,8 @@ class RunConsole:
         if self.mode == "none":
             return
         table = Table(title="ScaleRL run summary", show_header=False)
-        table.add_column(style="bold")
-        table.add_column()
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")  # a long run directory wraps rather than being cut
         rows = [
             ("held-out pass rate", f"{_fmt(summary['pass_rate_before'])} → {_fmt(summary['pass_rate_after'])}"),
             ("steps", str(summary["steps"])),

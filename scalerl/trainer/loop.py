@@ -24,13 +24,13 @@ from scalerl.models.loading import load_model, load_tokenizer
 from scalerl.models.logprobs import completion_logprobs
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
-from scalerl.rollout.base import Rollout, SamplingParams
-from scalerl.rollout.hf import HFSampler
+from scalerl.rollout.base import Rollout, Sampler, SamplingParams
 from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer.data import PromptStream
 from scalerl.trainer.evaluation import greedy_pass_rate
 from scalerl.trainer.optim import build_optimizer, build_scheduler
-from scalerl.trainer.setup import build_reference, check_offload, check_precision, prepare_run_dir, seed_everything, set_threads
+from scalerl.trainer.setup import (build_reference, build_sampler, check_offload, check_precision, prepare_run_dir,
+                                   seed_everything, set_threads)
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Trainer:
     reference: torch.nn.Module | None
     env: Any
     stream: PromptStream
-    sampler: HFSampler
+    sampler: Sampler
     optimizer: torch.optim.Optimizer
     scheduler: Any
     generator: torch.Generator
@@ -75,7 +75,7 @@ def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
     batch, mini = config.batch_size, config.train.mini_batch_size or config.batch_size
     scheduler = build_scheduler(optimizer, config.optim, config.train.steps * config.train.epochs * (batch // mini))
     generator = torch.Generator(device=ctx.device).manual_seed(config.train.seed * 1_000_003 + ctx.rank)
-    sampler = HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=ctx.device)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device)
     return Trainer(config, ctx, run_dir, tokenizer, policy, reference, env, stream, sampler, optimizer, scheduler,
                    generator, autocast_dtype)
 

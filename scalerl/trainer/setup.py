@@ -71,3 +71,21 @@ def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device):
+    """The rollout engine named by `rollout.engine`."""
+    match config.rollout.engine:
+        case "hf":
+            from scalerl.rollout.hf import HFSampler
+
+            return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=device)
+        case "vllm":
+            if device.type != "cuda":
+                raise ScaleRLError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on this machine")
+            try:
+                import vllm  # noqa: F401
+            except ImportError:
+                raise ScaleRLError("rollout.engine=vllm needs `pip install 'scalerl[vllm]'`; or use rollout.engine=hf") from None
+            raise ScaleRLError("rollout.engine=vllm is not available yet in this version; use rollout.engine=hf")
+    raise ScaleRLError(f"rollout.engine: unknown engine {config.rollout.engine!r}")

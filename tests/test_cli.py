@@ -1,0 +1,93 @@
+"""The command lines through real subprocesses: exit codes, one-line errors, the legacy interfaces."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from conftest import run_cli
+
+
+def test_help_is_instant_and_lists_train():
+    proc = run_cli("-m", "scalerl.cli.main", "--help", timeout=30)
+    assert proc.returncode == 0 and "train" in proc.stdout
+
+
+def test_dry_run_prints_the_resolved_config_with_overrides(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("optim:\n  lr: 3.0e-5\nrollout:\n  group_size: 4\n")
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--config", str(cfg), "--set", "train.steps=7", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["optim"]["lr"] == 3e-5 and resolved["rollout"]["group_size"] == 4 and resolved["train"]["steps"] == 7
+    assert resolved["model"]["path"] == "builtin" and resolved["env"]["name"] == "arithmetic"
+
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("optim: [unclosed\n")
+    cases = [
+        (["--set", "optim.lrr=1"], ["optim.lrr", "allowed here", "lr"]),
+        (["--set", "algorithm.loss_agg=prompt"], ["algorithm.loss_agg", "'token' or 'sequence'"]),
+        (["--config", str(tmp_path / "missing.yaml")], ["missing.yaml", "does not exist"]),
+        (["--config", str(bad_yaml)], ["bad.yaml", "not valid YAML"]),
+        (["--set", "env.name=nosuchenv"], ["env.name", "arithmetic", "module:Class"]),
+        (["--set", f"model.path={tmp_path / 'nomodel'}"], ["model.path", "nomodel"]),
+        (["--resume"], ["--resume", "--name"]),
+    ]
+    for args, needles in cases:
+        _one_line_error(run_cli("-m", "scalerl.cli.main", "train", *args), *needles)
+
+
+def test_debug_shows_the_traceback():
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "optim.lrr=1", "--debug")
+    assert proc.returncode == 2 and "Traceback" in proc.stderr and "error: optim.lrr" in proc.stderr
+
+
+def test_rl_train_maps_timesteps_to_steps_and_refuses_unavailable_algorithms():
+    proc = run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "grpo", "--model_name", "builtin", "--env_name", "arithmetic",
+                   "--total_timesteps", "1e3", "--batch_size", "64", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["train"]["steps"] == 16  # ceil(1000 / 64)
+    assert resolved["rollout"]["prompts_per_step"] == 8  # 64 completions / group of 8
+    _one_line_error(run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "ppo"), "ppo", "not yet available")
+    _one_line_error(run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "a2c"), "a2c", "grpo")
+
+
+def test_python_m_train_flags_map_to_config():
+    proc = run_cli("-m", "scalerl.train", "--use_flash_attn", "2", "--gradient_checkpointing", "1",
+                   "--offload_optimizer", "1", "--adam_offload", "1", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["model"]["attn_implementation"] == "flash_attention_2"
+    assert resolved["model"]["gradient_checkpointing"] is True and resolved["optim"]["offload"] is True
+
+
+def test_python_m_train_runs_on_cpu_with_hardware_flags_falling_back(runs):
+    """The source document's command line runs here: flash attention falls back to sdpa, offload is a
+    no-op on CPU, each with a one-line warning; gradient checkpointing really runs."""
+    proc = run_cli("-m", "scalerl.train", "--use_flash_attn", "2", "--gradient_checkpointing", "1", "--offload_optimizer", "1",
+                   "--adam_offload", "1", "--steps", "2", "--name", "legacy", "--set", f"log.run_dir={runs}",
+                   "--set", "log.console=plain", "--set", "eval.max_tasks=8", "--set", "rollout.prompts_per_step=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "flash_attention_2 needs a CUDA GPU; using sdpa" in proc.stderr
+    assert "optim.offload=true has nothing to do on CPU" in proc.stderr
+    assert "step 2/2" in proc.stdout and "run summary" in proc.stdout
+    summary = json.loads((runs / "legacy" / "summary.json").read_text())
+    assert summary["steps"] == 2
+
+
+def test_fp8_fails_clearly_on_cpu(runs):
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "train.precision=fp8", "--set", f"log.run_dir={runs}", "--steps", "1")
+    _one_line_error(proc, "train.precision=fp8", "H100", "bf16")
