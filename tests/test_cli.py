@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 
 def test_help_is_instant_and_lists_train():
@@ -91,3 +91,22 @@ def test_python_m_train_runs_on_cpu_with_hardware_flags_falling_back(runs):
 def test_fp8_fails_clearly_on_cpu(runs):
     proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "train.precision=fp8", "--set", f"log.run_dir={runs}", "--steps", "1")
     _one_line_error(proc, "train.precision=fp8", "H100", "bf16")
+
+
+def test_a_plugin_environment_trains_through_the_cli(runs):
+    """The README's example environment, loaded as module:Class from PYTHONPATH."""
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "env.name=reverse_env:ReverseEnv", "--set", "env.args.n=300",
+                   "--steps", "2", "--name", "plugin", "--set", f"log.run_dir={runs}", "--set", "log.console=none",
+                   "--set", "rollout.prompts_per_step=2", env={"PYTHONPATH": str(ROOT / "examples")})
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((runs / "plugin" / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0.0 <= summary["pass_rate_after"] <= 1.0
+    _one_line_error(run_cli("-m", "scalerl.cli.main", "train", "--set", "env.name=reverse_env:ReverseEnv",
+                            "--set", "env.args.n=abc", env={"PYTHONPATH": str(ROOT / "examples")}), "env.args.n")
+
+
+def test_a_hub_id_with_the_hub_off_fails_in_one_line(runs):
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "model.path=nobody/no-such-model", "--set", f"log.run_dir={runs}",
+                   env={"HF_HUB_OFFLINE": "1"})
+    _one_line_error(proc, "nobody/no-such-model", "HF_HUB_OFFLINE=1")
+    assert not runs.exists()  # nothing was created for a run that could not start

@@ -32,19 +32,24 @@ class DistContext:
         return self.world_size > 1
 
     def sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Element-wise sum over ranks (in place on a copy)."""
+        """Element-wise sum over ranks, returned on the device `values` came from (NCCL needs
+        the reduction itself on the GPU)."""
         if not self.active:
             return values
-        values = values.clone()
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
-        return values
+        reduced = values.to(self.device, copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        return reduced.to(values.device)
 
     def sum_gradients(self, model: torch.nn.Module) -> None:
         """Sum gradients over ranks. The loss is already divided by the *global* token (or
         sequence) count, so the sum, not the mean, gives the gradient of the global batch."""
         if not self.active:
             return
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        params = list(model.parameters())
+        for p in params:  # every rank must contribute the same tensors, even for a parameter it did not use
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         offset = 0

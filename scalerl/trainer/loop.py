@@ -131,8 +131,9 @@ def optimize(t: Trainer, batch: Rollout, advantages: torch.Tensor, old_lp: torch
             t.ctx.sum_gradients(t.policy)
             max_norm = cfg.optim.max_grad_norm or math.inf
             grad_norm = torch.nn.utils.clip_grad_norm_(t.policy.parameters(), max_norm).item()
-            t.optimizer.step()
-            t.scheduler.step()
+            if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights; the loop stops on it
+                t.optimizer.step()
+                t.scheduler.step()
             t.optimizer.zero_grad(set_to_none=True)
             for k, v in {"loss": step_loss, "grad_norm": grad_norm, **stats_acc}.items():
                 sums[k] = sums.get(k, 0.0) + v

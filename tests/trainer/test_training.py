@@ -102,10 +102,16 @@ def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
         loss, stats = original(*args, **kwargs)
         return loss * float("nan"), stats
 
+    from scalerl.errors import ScaleRLError
+
+    before = [p.detach().clone() for p in t.policy.parameters()]
     monkeypatch.setattr(loop, "grpo_loss", poisoned)
     monkeypatch.setattr(loop, "build_trainer", lambda *a, **k: t)
-    with pytest.raises(Exception, match="not finite"):
+    with pytest.raises(ScaleRLError, match="step 1: loss or gradient norm is not finite"):
         loop._train(t.config, t.ctx, resume=False)
+    # the NaN gradient was never applied, and no checkpoint holds a poisoned model
+    assert all(torch.equal(a, b) for a, b in zip(before, t.policy.parameters()))
+    assert not (runs / "nan" / "checkpoints").exists()
 
 
 def test_setup_rejects_fp8_without_an_h100():
