@@ -238,7 +238,7 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     if "pass_rate_before" not in state:
         state["pass_rate_before"] = evaluate(t)
-    last_eval = state.get("last_pass_rate", state["pass_rate_before"])
+    last_eval = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
     try:
         for step in range(start_step + 1, config.train.steps + 1):
