@@ -10,7 +10,7 @@ No torch import here, so `scalerl --help` and `--dry-run` stay instant.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -49,26 +49,80 @@ class RolloutConfig(_Section):
 
 
 class KLConfig(_Section):
-    beta: float = Field(0.0, ge=0, description="KL penalty weight; 0 skips the reference model entirely.")
+    beta: float = Field(0.0, ge=0, description="KL penalty weight (the initial one under a schedule); 0 with schedule fixed skips the reference model.")
     estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the reference policy.")
     track: bool = Field(False, description="Load the reference model to measure KL even when beta is 0 (costs one forward per step).")
+    schedule: Literal["fixed", "adaptive", "progressive"] = Field(
+        "fixed", description="fixed: beta throughout; adaptive: target-KL controller (Ziegler et al. 2019); progressive: the three phases of source 000 §2.2.")
+    target_kl: float = Field(0.1, gt=0, description="adaptive: the per-token KL the controller steers to.")
+    horizon: int = Field(10_000, ge=1, description="adaptive: controller horizon, in samples.")
+    beta_min: float = Field(0.0, ge=0, description="progressive: floor of phase 2 and start of phase 3.")
+    beta_target: float = Field(0.0, ge=0, description="progressive: beta reached at the end of phase 3.")
+    max_kl: float | None = Field(None, gt=0, description="Guard: a step whose measured KL (before the update) exceeds this has its learning rate scaled by max_kl / KL.")
+    in_reward: bool = Field(False, description="ppo only: subtract beta*KL from the per-token reward (classic RLHF) instead of adding it to the loss.")
 
     @property
     def needs_reference(self) -> bool:
-        return self.beta > 0 or self.track
+        return self.beta > 0 or self.track or self.max_kl is not None or self.schedule != "fixed"
 
 
-class GRPOConfig(_Section):
-    name: Literal["grpo"] = "grpo"
-    clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
-    clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high.")
-    loss_agg: Literal["token", "sequence"] = Field("token", description="token: mean over all tokens of the batch; sequence: mean per completion, then over completions.")
-    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group's std (False is Dr. GRPO).")
-    adv_eps: float = Field(1e-4, gt=0, description="Added to the group std before dividing.")
+class _Objective(_Section):
+    """What every objective shares: aggregation, KL, entropy bonus, off-policy cap, data-side filters."""
+
+    loss_agg: Literal["token", "sequence", "prompt"] = Field(
+        "token", description="token: mean over all tokens of the batch; sequence: per completion, then over completions; prompt: per prompt's group, then over prompts.")
     kl: KLConfig = Field(default_factory=KLConfig)
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract coef * entropy per token.")
+    tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling: weight tokens by min(pi_old / pi_sampler, cap).")
+    zero_variance_filter: bool = Field(False, description="Drop groups whose rewards are all equal (they carry no signal).")
+    retire_pass_rate: float | None = Field(None, gt=0, le=1, description="No-positive-resampling: a prompt whose group pass rate reaches this leaves the pool.")
 
 
-AlgorithmConfig = GRPOConfig  # PPO, CISPO, RLOO join as a discriminated union on `name`.
+class _Clipped(_Objective):
+    clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
+    clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high (DAPO clip-higher when larger).")
+
+
+class GRPOConfig(_Clipped):
+    name: Literal["grpo"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide group-centred rewards by the group's std, the batch's std, or nothing (Dr. GRPO).")
+    adv_eps: float = Field(1e-4, gt=0, description="Added to the std before dividing.")
+
+
+class CISPOConfig(_Objective):
+    name: Literal["cispo"] = "cispo"
+    eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight (capped from above only).")
+    scale_rewards: Literal["group", "batch", "none"] = Field("batch", description="Advantage normalisation; the ScaleRL recipe uses batch.")
+    adv_eps: float = Field(1e-4, gt=0)
+
+
+class RLOOConfig(_Clipped):
+    name: Literal["rloo"] = "rloo"
+
+
+class ReinforcePPConfig(_Clipped):
+    name: Literal["reinforce_pp"] = "reinforce_pp"
+    baseline: Literal["batch", "group"] = Field("batch", description="batch: REINFORCE++; group: REINFORCE++-baseline (group mean first).")
+
+
+class PPOConfig(_Clipped):
+    name: Literal["ppo"] = "ppo"
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per token.")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    critic: Literal["separate", "head"] = Field("separate", description="separate: a value model initialised from the policy's backbone; head: a value head on the policy.")
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    value_clip: float | None = Field(0.2, gt=0, description="Clip of the value prediction around its old value; null disables.")
+    critic_lr: float | None = Field(None, gt=0, description="Critic learning rate; default optim.lr.")
+    whiten_advantages: bool = Field(True, description="Normalise GAE advantages over the batch's tokens.")
+
+
+AlgorithmConfig = Annotated[Union[GRPOConfig, CISPOConfig, RLOOConfig, ReinforcePPConfig, PPOConfig], Field(discriminator="name")]
+
+
+class RewardConfig(_Section):
+    model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`); null uses the environment's reward.")
+    batch_size: int = Field(64, ge=1)
 
 
 class OptimConfig(_Section):
@@ -114,16 +168,56 @@ class LogConfig(_Section):
     console: Literal["rich", "plain", "none"] = Field("rich", description="rich: live progress bar; plain: a line per step.")
 
 
+ALGORITHMS: dict[str, type[BaseModel]] = {
+    "grpo": GRPOConfig, "cispo": CISPOConfig, "rloo": RLOOConfig, "reinforce_pp": ReinforcePPConfig, "ppo": PPOConfig,
+}
+
+# The ScaleRL recipe (Khatri et al., "The Art of Scaling Reinforcement Learning Compute for LLMs",
+# 2025, §3-4): CISPO, prompt-level loss aggregation, batch-level advantage normalisation, zero-
+# variance filtering, no-positive-resampling (pass rate >= 0.9), FP32 logits at the LM head, and a
+# cap on the off-policy importance weight. Keys the user sets win over these.
+PRESETS: dict[str, dict[str, Any]] = {
+    "scalerl": {
+        "algorithm": {"name": "cispo", "loss_agg": "prompt", "scale_rewards": "batch", "zero_variance_filter": True,
+                      "retire_pass_rate": 0.9, "tis_cap": 2.0},
+        "model": {"fp32_lm_head": True},
+    },
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
+    return merged
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    preset: Literal["scalerl"] | None = Field(None, description="scalerl: the ScaleRL recipe's defaults (see PRESETS); your own keys still win.")
+    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("algorithm"), dict) and "name" not in data["algorithm"] \
+                and data.get("preset") not in PRESETS:
+            data = {**data, "algorithm": {"name": "grpo", **data["algorithm"]}}  # the union's default member
+        if not isinstance(data, dict) or data.get("preset") not in PRESETS:
+            return data
+        preset = PRESETS[data["preset"]]
+        wanted = (data.get("algorithm") or {}).get("name", preset["algorithm"]["name"])
+        if wanted != preset["algorithm"]["name"]:
+            raise ValueError(f"preset {data['preset']} uses algorithm.name={preset['algorithm']['name']}; drop algorithm.name={wanted} or the preset")
+        return _merge(preset, data)
 
     @model_validator(mode="after")
     def _check_batches(self) -> "Config":
@@ -134,6 +228,11 @@ class Config(_Section):
             raise ValueError(f"train.mini_batch_size ({mini}) must divide the batch of {batch} completions (rollout.prompts_per_step x rollout.group_size)")
         if mini % micro:
             raise ValueError(f"train.micro_batch_size ({micro}) must divide train.mini_batch_size ({mini})")
+        if self.algorithm.loss_agg == "prompt" and micro % self.rollout.group_size:
+            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({micro}) to be a multiple of "
+                             f"rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
+        if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
+            raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         return self
 
     @property
@@ -142,12 +241,22 @@ class Config(_Section):
         return self.rollout.prompts_per_step * self.rollout.group_size
 
 
+def _location(loc: tuple) -> tuple:
+    """The user's dotted path: without pydantic's validator names and the algorithm union's tag."""
+    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before"))]
+    if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHMS:
+        parts.pop(1)
+    return tuple(parts)
+
+
 def _format_error(err: ValidationError) -> str:
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
-    msg = first["msg"]
+    loc = _location(first["loc"])
+    where = ".".join(str(p) for p in loc)
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         parent = _section_at(first["loc"][:-1])
+        where = ".".join(str(p) for p in loc)
         allowed = ", ".join(parent.model_fields) if parent else ""
         return f"{where}: unknown key; allowed here: {allowed}"
     if first["type"] == "literal_error":
@@ -158,6 +267,11 @@ def _format_error(err: ValidationError) -> str:
 def _section_at(loc: tuple) -> type[BaseModel] | None:
     cls: type[BaseModel] = Config
     for key in loc:
+        if cls is Config and key in ALGORITHMS:  # the union's tag, right after "algorithm"
+            cls = ALGORITHMS[key]
+            continue
+        if key == "algorithm" and cls is Config:
+            continue
         field = cls.model_fields.get(str(key))
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return None
@@ -222,4 +336,7 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
 
 
 def dump_config(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    tree = config.model_dump(mode="json")
+    algorithm = tree["algorithm"]
+    tree["algorithm"] = {"name": algorithm.pop("name"), **algorithm}  # the union's tag first, for the reader
+    return yaml.safe_dump(tree, sort_keys=False)

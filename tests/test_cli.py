@@ -38,7 +38,7 @@ def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
     bad_yaml.write_text("optim: [unclosed\n")
     cases = [
         (["--set", "optim.lrr=1"], ["optim.lrr", "allowed here", "lr"]),
-        (["--set", "algorithm.loss_agg=prompt"], ["algorithm.loss_agg", "'token' or 'sequence'"]),
+        (["--set", "algorithm.loss_agg=tokens"], ["algorithm.loss_agg", "'token', 'sequence' or 'prompt'"]),
         (["--config", str(tmp_path / "missing.yaml")], ["missing.yaml", "does not exist"]),
         (["--config", str(bad_yaml)], ["bad.yaml", "not valid YAML"]),
         (["--set", "env.name=nosuchenv"], ["env.name", "arithmetic", "module:Class"]),
@@ -54,14 +54,15 @@ def test_debug_shows_the_traceback():
     assert proc.returncode == 2 and "Traceback" in proc.stderr and "error: optim.lrr" in proc.stderr
 
 
-def test_rl_train_maps_timesteps_to_steps_and_refuses_unavailable_algorithms():
+def test_rl_train_maps_timesteps_to_steps_and_selects_the_algorithm():
     proc = run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "grpo", "--model_name", "builtin", "--env_name", "arithmetic",
                    "--total_timesteps", "1e3", "--batch_size", "64", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     resolved = yaml.safe_load(proc.stdout)
     assert resolved["train"]["steps"] == 16  # ceil(1000 / 64)
     assert resolved["rollout"]["prompts_per_step"] == 8  # 64 completions / group of 8
-    _one_line_error(run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "ppo"), "ppo", "not yet available")
+    ppo = run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "ppo", "--set", "algorithm.gamma=0.99", "--dry-run")
+    assert ppo.returncode == 0 and yaml.safe_load(ppo.stdout)["algorithm"]["name"] == "ppo", ppo.stderr
     _one_line_error(run_cli("-m", "scalerl.cli.rl_train", "--algorithm", "a2c"), "a2c", "grpo")
 
 

@@ -1,17 +1,48 @@
-"""Advantage estimators over scalar per-completion rewards."""
+"""Advantage estimators: group-relative ones over scalar per-completion rewards (GRPO, RLOO,
+REINFORCE++), and GAE over per-token rewards and values (PPO with a critic).
+
+Rewards (N,) are laid out prompt by prompt: consecutive `group_size` entries are one prompt's
+completions. Standard deviations use Bessel's correction throughout (as TRL and torch.std do).
+"""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
+ScaleRewards = Literal["group", "batch", "none"]
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)  # (P, G)
+
+
+def _std(x: torch.Tensor) -> torch.Tensor:
+    """Bessel std of all entries; 0 for a single entry (where torch.std is NaN)."""
+    return x.std() if x.numel() > 1 else x.new_zeros(())
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    scale: bool = True,
+    eps: float = 1e-4,
+    scale_rewards: ScaleRewards | None = None,
+) -> torch.Tensor:
     """GRPO group-relative advantages (Shao et al., DeepSeekMath, 2024, §4.1.2).
 
-        Â_i = (r_i − mean(r_group)) / (std(r_group) + eps)     if scale
-        Â_i =  r_i − mean(r_group)                             otherwise (Dr. GRPO, Liu et al., 2025)
+        Â_i = (r_i − mean(r_group)) / (std(r_group) + eps)     "group" (GRPO)
+        Â_i = (r_i − mean(r_group)) / (std(r_batch) + eps)     "batch" (ScaleRL paper, Khatri et al.,
+                                                                2025; TRL scale_rewards="batch")
+        Â_i =  r_i − mean(r_group)                             "none" (Dr. GRPO, Liu et al., 2025)
 
-    std uses Bessel's correction (as TRL does). A group whose rewards are all equal gets Â = 0.
+    `scale_rewards`, when given, chooses among the three; otherwise `scale=True` means "group" and
+    `scale=False` means "none". std(r_batch) is the std of the raw rewards of the whole batch. std
+    uses Bessel's correction (as TRL does). A group whose rewards are all equal gets Â = 0.
 
     Args:
         rewards: (N,) rewards, consecutive `group_size` entries belong to one prompt.
@@ -19,11 +50,125 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: bool = Tr
     Returns:
         (N,) advantages, one per completion (broadcast to its tokens by the loss).
     """
-    if rewards.numel() % group_size:
-        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-    grouped = rewards.view(-1, group_size)  # (P, G)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale:
-        std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
-        centred = centred / (std + eps)
+    mode = scale_rewards if scale_rewards is not None else ("group" if scale else "none")
+    grouped = _grouped(rewards, group_size)  # (P, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)  # (P, G)
+    match mode:
+        case "group":
+            std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(grouped[:, :1])
+            centred = centred / (std + eps)
+        case "batch":
+            centred = centred / (_std(rewards) + eps)
+        case "none":
+            pass
+        case _:
+            raise ValueError(f"unknown scale_rewards {mode!r}; use group, batch or none")
     return centred.reshape(-1)  # (N,)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024, "Back to Basics"):
+
+        Â_i = r_i − 1/(G−1) Σ_{j≠i} r_j = G/(G−1) · (r_i − mean(r_group))
+
+    Each completion's baseline is the mean of the other completions of its prompt, so it is
+    independent of r_i and the estimate is unbiased. Needs G ≥ 2. Returns (N,).
+    """
+    if group_size < 2:
+        raise ValueError(f"RLOO needs at least 2 completions per prompt, got group_size={group_size}")
+    grouped = _grouped(rewards, group_size)  # (P, G)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    return (centred * (group_size / (group_size - 1))).reshape(-1)  # (N,)
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    group_size: int,
+    *,
+    baseline: Literal["batch", "group"] = "batch",
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """REINFORCE++ advantages (Hu, 2025, "REINFORCE++"), normalised over the global batch:
+
+        "batch":  Â_i = (r_i − mean(r)) / (std(r) + eps)                      (REINFORCE++)
+        "group":  a_i = r_i − mean(r_group);  Â_i = (a_i − mean(a)) / (std(a) + eps)
+                                                                  (REINFORCE++-baseline)
+
+    mean and std are over all N completions (std with Bessel's correction, like the rest of this
+    module; OpenRLHF whitens over tokens instead, which weights completions by length). With the
+    "group" baseline mean(a) = 0 up to rounding; it is subtracted anyway, as the paper writes it.
+    Any KL term is left to the loss. Returns (N,).
+    """
+    grouped = _grouped(rewards, group_size)  # (P, G)
+    match baseline:
+        case "batch":
+            x = rewards.reshape(-1)  # (N,)
+        case "group":
+            x = (grouped - grouped.mean(dim=1, keepdim=True)).reshape(-1)  # (N,)
+        case _:
+            raise ValueError(f"unknown REINFORCE++ baseline {baseline!r}; use batch or group")
+    return (x - x.mean()) / (_std(x) + eps)  # (N,)
+
+
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al., 2016, eq. 16) over completion tokens.
+
+        δ_t = r_t + γ V_{t+1} − V_t          V_{t+1} = 0 after a row's last trained token
+        Â_t = δ_t + γλ Â_{t+1}               Â = 0 after the last trained token
+        R_t = Â_t + V_t                      (the critic's regression target)
+
+    With γ = λ = 1, Â_t = Σ_{s≥t} r_s − V_t. Computed under no-grad: advantages and returns are
+    targets. Vectorised over rows, reverse loop over T.
+
+    Args:
+        rewards: (B, T) per-token rewards (e.g. the scalar reward on the last token, minus a
+            per-token KL penalty).
+        values: (B, T) critic values V_t.
+        loss_mask: (B, T) right-padded: each row is ones then zeros.
+    Returns:
+        advantages (B, T) and returns (B, T), both 0 on padding.
+    """
+    mask = loss_mask.to(values.dtype)
+    if (mask[:, 1:] > mask[:, :-1]).any():
+        raise ValueError("gae needs right-padded rows: loss_mask must be ones then zeros in each row")
+    with torch.no_grad():
+        r = rewards.detach() * mask  # (B, T)
+        v = values.detach() * mask  # (B, T), so V = 0 past each row's end
+        adv = torch.zeros_like(v)  # (B, T)
+        next_value = v.new_zeros(v.shape[0])  # (B,)
+        next_adv = v.new_zeros(v.shape[0])  # (B,)
+        for t in reversed(range(v.shape[1])):
+            delta = r[:, t] + gamma * next_value - v[:, t]  # (B,)
+            # Padding tokens get 0, so the last trained token starts from Â_{t+1} = 0.
+            next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
+            adv[:, t] = next_adv
+            next_value = v[:, t]
+        return adv, (adv + v) * mask
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise over the masked entries (as TRL's masked_whiten, used for PPO advantages):
+
+        μ = mean_m(x),  σ² = var_m(x) (Bessel),  x̂ = (x − μ) / sqrt(σ² + eps)   (+ μ if not shift_mean)
+
+    Args:
+        values: (B, T).
+        mask: (B, T), 1 on the entries that count.
+    Returns:
+        (B, T), 0 on masked-out entries.
+    """
+    m = mask.to(values.dtype)
+    n = m.sum()
+    mean = (values * m).sum() / n.clamp(min=1.0)
+    var = ((values - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+    out = (values - mean) * torch.rsqrt(var + eps)  # (B, T)
+    if not shift_mean:
+        out = out + mean
+    return out * m

@@ -16,12 +16,12 @@ from pathlib import Path
 from scalerl.cli.common import launch, run_guarded, setup_logging
 from scalerl.errors import ScaleRLError
 
-ALGORITHMS = {"grpo": "available", "ppo": "planned", "cispo": "planned", "rloo": "planned", "reinforce_pp": "planned"}
+ALGORITHMS = ("grpo", "cispo", "rloo", "reinforce_pp", "ppo")
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rl-train", description="Train a policy (gym-style interface).")
-    ap.add_argument("--algorithm", default="grpo", help=f"One of {', '.join(ALGORITHMS)}.")
+    ap.add_argument("--algorithm", default=None, help=f"One of {', '.join(ALGORITHMS)} (algorithm.name; default grpo).")
     ap.add_argument("--model_name", default=None, help="Model folder, hub id or 'builtin' (model.path).")
     ap.add_argument("--env_name", default=None, help="Environment name or module:Class (env.name).")
     ap.add_argument("--total_timesteps", type=float, default=None, help="Completions to sample in total (1e6 works).")
@@ -38,14 +38,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
-    status = ALGORITHMS.get(args.algorithm)
-    if status is None:
+    if args.algorithm is not None and args.algorithm not in ALGORITHMS:
         raise ScaleRLError(f"--algorithm: unknown algorithm '{args.algorithm}'; use one of {', '.join(ALGORITHMS)}")
-    if status != "available":
-        raise ScaleRLError(f"--algorithm {args.algorithm} is not yet available in this version; use --algorithm grpo")
     from scalerl.config import load_config
 
-    overrides = list(args.set)
+    overrides = [f"algorithm.name={args.algorithm}"] if args.algorithm else []
+    overrides += args.set
     for flag, key in (("model_name", "model.path"), ("env_name", "env.name"), ("learning_rate", "optim.lr"),
                       ("seed", "train.seed"), ("name", "log.name")):
         if getattr(args, flag) is not None:

@@ -57,6 +57,14 @@ class DistContext:
             g.copy_(flat[offset: offset + g.numel()].view_as(g))
             offset += g.numel()
 
+    def gather_lists(self, items: list) -> list:
+        """The concatenation of every rank's list, in rank order (pickled; for small control data)."""
+        if not self.active:
+            return list(items)
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, list(items))
+        return [item for part in gathered for item in part]
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()

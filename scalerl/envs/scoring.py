@@ -21,9 +21,11 @@ def completions_of(rollout: Rollout, tokenizer) -> list[Completion]:
     return [Completion(text=t, token_ids=i, finished=not cut) for t, i, cut in zip(texts, ids, truncated)]
 
 
+def env_rewards(env: Environment, tasks: Sequence[Task], group_ids: list[int], completions: list[Completion]) -> torch.Tensor:
+    """(B,) float32: the environment's score of completion i for `tasks[group_ids[i]]`."""
+    return torch.tensor([float(env.score(tasks[g], c)) for g, c in zip(group_ids, completions)], dtype=torch.float32)
+
+
 def score_rollout(env: Environment, tasks: Sequence[Task], rollout: Rollout, tokenizer) -> torch.Tensor:
     """(B,) float32 rewards; row i answers `tasks[rollout.group_ids[i]]`."""
-    completions = completions_of(rollout, tokenizer)
-    group_ids = rollout.group_ids.tolist()
-    rewards = [float(env.score(tasks[g], c)) for g, c in zip(group_ids, completions)]
-    return torch.tensor(rewards, dtype=torch.float32)
+    return env_rewards(env, tasks, rollout.group_ids.tolist(), completions_of(rollout, tokenizer))

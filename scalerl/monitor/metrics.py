@@ -9,9 +9,9 @@ from typing import Any
 
 
 def _clean(value: Any) -> Any:
-    """JSON-safe scalars: NaN/Inf become null (JSON has no NaN), floats rounded for reading."""
-    if isinstance(value, float):
-        return None if not math.isfinite(value) else round(value, 6)
+    """JSON-safe scalars: NaN/Inf become null (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     return value
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
@@ -73,7 +73,7 @@ def remove_partial(root: Path) -> list[Path]:
 def save_checkpoint(
     root: Path, step: int, *, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
     optimizer: torch.optim.Optimizer, scheduler: Any, rng: dict[str, torch.Tensor],
-    trainer_state: dict[str, Any], keep_last: int,
+    trainer_state: dict[str, Any], keep_last: int, extra_weights: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
@@ -87,6 +87,8 @@ def save_checkpoint(
     if ctx.is_main:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for name, state in (extra_weights or {}).items():  # e.g. PPO's critic, as `critic.safetensors`
+            save_file({k: v.contiguous() for k, v in state.items()}, tmp / f"{name}.safetensors")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
@@ -103,11 +105,12 @@ def save_checkpoint(
     return final
 
 
-def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
-    """Load every *.safetensors of a checkpoint strictly, allowing only tied duplicates to be absent."""
+def load_model_weights(model: torch.nn.Module, folder: Path, skip: set[str] = frozenset()) -> None:
+    """Load the model's *.safetensors of a checkpoint strictly, allowing only tied duplicates to be absent."""
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
-        state.update(load_file(shard))
+        if shard.stem not in skip:
+            state.update(load_file(shard))
     missing, unexpected = model.load_state_dict(state, strict=False)
     all_names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     tied = all_names - {n for n, _ in model.named_parameters()}
@@ -117,9 +120,14 @@ def load_model_weights(model: torch.nn.Module, folder: Path) -> None:
 
 
 def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore model, optimizer and scheduler in place; returns (trainer_state, this rank's RNG states)."""
-    load_model_weights(model, folder)
+                    scheduler: Any, extra_modules: dict[str, torch.nn.Module] | None = None
+                    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Restore model, optimizer, scheduler (and extra modules such as a critic) in place; returns
+    (trainer_state, this rank's RNG states)."""
+    extra_modules = extra_modules or {}
+    load_model_weights(model, folder, skip=set(extra_modules))
+    for name, module in extra_modules.items():
+        module.load_state_dict(load_file(folder / f"{name}.safetensors"))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = torch.load(folder / f"rng_rank{ctx.rank}.pt", weights_only=True)

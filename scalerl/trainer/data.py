@@ -6,6 +6,7 @@ import random
 from typing import Sequence
 
 from scalerl.envs.base import Task
+from scalerl.errors import ScaleRLError
 
 
 class PromptStream:
@@ -23,6 +24,7 @@ class PromptStream:
         self.tasks, self.per_rank, self.rank, self.world_size = tasks, per_rank, rank, world_size
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.index = 0, 0
+        self.retired: set[str] = set()
         self._order = self._order_for(0)
 
     def _order_for(self, epoch: int) -> list[int]:
@@ -32,18 +34,30 @@ class PromptStream:
         return order
 
     def next_batch(self) -> list[Task]:
-        picked = []
-        for _ in range(self.per_rank * self.world_size):
+        picked, skipped = [], 0
+        while len(picked) < self.per_rank * self.world_size:
             if self.index == len(self._order):
                 self.epoch, self.index = self.epoch + 1, 0
                 self._order = self._order_for(self.epoch)
-            picked.append(self.tasks[self._order[self.index]])
+            task = self.tasks[self._order[self.index]]
             self.index += 1
+            if task.prompt in self.retired:
+                skipped += 1
+                if skipped > len(self.tasks):
+                    raise ScaleRLError("every training prompt has been retired (algorithm.retire_pass_rate): "
+                                       "raise the threshold, add prompts, or stop earlier")
+                continue
+            picked.append(task)
         return picked[self.rank * self.per_rank: (self.rank + 1) * self.per_rank]
 
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+    def retire(self, prompts: list[str]) -> None:
+        """No-positive-resampling: these prompts are skipped from now on (all ranks must retire the same)."""
+        self.retired.update(prompts)
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index, "retired": sorted(self.retired)}
+
+    def load_state_dict(self, state: dict) -> None:
         self.epoch, self.index = state["epoch"], state["index"]
+        self.retired = set(state.get("retired", []))
         self._order = self._order_for(self.epoch)

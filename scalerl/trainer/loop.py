@@ -1,60 +1,30 @@
-"""The training loop: sample → score → advantages → old/ref log-probs → minibatch epochs → log →
-checkpoint. `train(config)` is what `scalerl train` calls."""
+"""The training job: build everything, then step → evaluate → log → checkpoint until done, resumable.
+`train(config)` is what `scalerl train` calls; one step itself is in `step.py`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from scalerl.algorithms.advantages import group_advantages
-from scalerl.algorithms.losses import grpo_loss
+from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, init_distributed, shutdown
 from scalerl.envs.registry import build_env
-from scalerl.envs.scoring import score_rollout
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import load_model, load_tokenizer
-from scalerl.models.logprobs import completion_logprobs
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
-from scalerl.rollout.base import Rollout, Sampler, SamplingParams
 from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer.data import PromptStream
 from scalerl.trainer.evaluation import greedy_pass_rate
 from scalerl.trainer.optim import build_optimizer, build_scheduler
-from scalerl.trainer.setup import (build_reference, build_sampler, check_offload, check_precision, prepare_run_dir,
-                                   seed_everything, set_threads)
-
-
-@dataclass
-class Trainer:
-    """Everything a step needs, built once by `build_trainer`."""
-
-    config: Config
-    ctx: DistContext
-    run_dir: Path
-    tokenizer: Any
-    policy: torch.nn.Module
-    reference: torch.nn.Module | None
-    env: Any
-    stream: PromptStream
-    sampler: Sampler
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    generator: torch.Generator
-    autocast_dtype: torch.dtype | None
-
-    def autocast(self):
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device.type, dtype=self.autocast_dtype)
+from scalerl.trainer.setup import (build_critic, build_reference, build_sampler, build_scorer, check_offload, check_precision,
+                                   prepare_run_dir, seed_everything, set_threads)
+from scalerl.trainer.step import Trainer, train_step
 
 
 def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
@@ -66,124 +36,27 @@ def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
     policy = load_model(config.model, ctx.device)
     run_dir = prepare_run_dir(config, ctx, resume)
     policy.train()
-    # β = 0 (and no tracking) never builds or runs a reference model.
-    reference = build_reference(policy) if config.algorithm.kl.needs_reference else None
+    algo = config.algorithm
+    # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
+    reference = build_reference(policy) if algo.kl.needs_reference else None
+    critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
+    scorer = build_scorer(config, ctx.device)
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
-    optimizer = build_optimizer(policy, config.optim, ctx.device)
+    groups = [(policy, config.optim.lr)]
+    if critic is not None:
+        groups.append((critic, algo.critic_lr or config.optim.lr))
+    optimizer = build_optimizer(groups, config.optim, ctx.device)
     batch, mini = config.batch_size, config.train.mini_batch_size or config.batch_size
     scheduler = build_scheduler(optimizer, config.optim, config.train.steps * config.train.epochs * (batch // mini))
+    kl = algo.kl
+    kl_ctl = KLController(schedule=kl.schedule, beta=kl.beta, total_steps=config.train.steps, target_kl=kl.target_kl,
+                          horizon=kl.horizon, beta_min=kl.beta_min, beta_target=kl.beta_target)
     generator = torch.Generator(device=ctx.device).manual_seed(config.train.seed * 1_000_003 + ctx.rank)
     sampler = build_sampler(config, policy, tokenizer, ctx.device)
-    return Trainer(config, ctx, run_dir, tokenizer, policy, reference, env, stream, sampler, optimizer, scheduler,
-                   generator, autocast_dtype)
-
-
-@torch.no_grad()
-def frozen_logprobs(t: Trainer, model: torch.nn.Module, batch: Rollout, micro: int) -> torch.Tensor:
-    """Log-probs of `batch` under a model that is not being trained right now, micro-batch by micro-batch."""
-    parts = []
-    for start in range(0, len(batch), micro):
-        with t.autocast():
-            lp, _ = completion_logprobs(model, batch.select(slice(start, start + micro)),
-                                        temperature=t.config.rollout.temperature, fp32_head=t.config.model.fp32_lm_head)
-        parts.append(lp.float())
-    return torch.cat(parts)
-
-
-def optimize(t: Trainer, batch: Rollout, advantages: torch.Tensor, old_lp: torch.Tensor | None,
-             ref_lp: torch.Tensor | None) -> dict[str, float]:
-    """`epochs` passes over the batch, one optimizer step per mini-batch, accumulating micro-batches."""
-    cfg, algo = t.config, t.config.algorithm
-    mini = cfg.train.mini_batch_size or len(batch)
-    micro = cfg.train.micro_batch_size or mini
-    sums: dict[str, float] = {}
-    n_updates = 0
-    for _ in range(cfg.train.epochs):
-        for m0 in range(0, len(batch), mini):
-            rows = slice(m0, m0 + mini)
-            # The normaliser is the token (or sequence) count of the mini-batch over all ranks,
-            # computed once: each micro-batch divides its sum by it, and gradients are summed
-            # across micro-batches and ranks, which gives exactly the gradient of the whole batch.
-            mask = batch.completion_mask[rows]
-            count = mask.sum() if algo.loss_agg == "token" else torch.tensor(mask.shape[0])
-            normalizer = t.ctx.sum(count.double()).item()
-            step_loss, stats_acc = 0.0, {}
-            for u0 in range(m0, m0 + mini, micro):
-                mb = batch.select(slice(u0, u0 + micro))
-                with t.autocast():
-                    lp, entropy = completion_logprobs(t.policy, mb, temperature=cfg.rollout.temperature,
-                                                      fp32_head=cfg.model.fp32_lm_head, with_entropy=True)
-                lp = lp.float()
-                loss, stats = grpo_loss(
-                    lp, lp.detach() if old_lp is None else old_lp[u0: u0 + micro], advantages[u0: u0 + micro], mb.completion_mask,
-                    clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
-                    ref_logprobs=None if ref_lp is None else ref_lp[u0: u0 + micro], beta=algo.kl.beta,
-                    kl_estimator=algo.kl.estimator, loss_agg=algo.loss_agg, normalizer=normalizer,
-                )
-                loss.backward()
-                step_loss += loss.item()
-                m = mb.completion_mask.bool()
-                stats["entropy"] = entropy[m].mean() if m.any() else entropy.new_tensor(0.0)
-                for k, v in stats.items():
-                    stats_acc[k] = stats_acc.get(k, 0.0) + v.item() * micro / mini
-            t.ctx.sum_gradients(t.policy)
-            max_norm = cfg.optim.max_grad_norm or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(t.policy.parameters(), max_norm).item()
-            if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights; the loop stops on it
-                t.optimizer.step()
-                t.scheduler.step()
-            t.optimizer.zero_grad(set_to_none=True)
-            for k, v in {"loss": step_loss, "grad_norm": grad_norm, **stats_acc}.items():
-                sums[k] = sums.get(k, 0.0) + v
-            n_updates += 1
-    return {k: v / n_updates for k, v in sums.items()}
-
-
-def train_step(t: Trainer) -> dict[str, Any]:
-    cfg = t.config
-    start = time.perf_counter()
-    lr = t.scheduler.get_last_lr()[0]
-    tasks = t.stream.next_batch()
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, n=cfg.rollout.group_size)
-    batch = t.sampler.sample([t.tokenizer(task.prompt)["input_ids"] for task in tasks], params, t.generator)
-    batch.rewards = score_rollout(t.env, tasks, batch, t.tokenizer).to(t.ctx.device)
-    advantages = group_advantages(batch.rewards, cfg.rollout.group_size, scale=cfg.algorithm.scale_rewards,
-                                  eps=cfg.algorithm.adv_eps)  # (B,)
-    micro = cfg.train.micro_batch_size or cfg.train.mini_batch_size or len(batch)
-    # One update on a freshly sampled batch is exactly on-policy: π_old = π_θ (detached) and the
-    # extra forward pass for old log-probs would only recompute the same numbers.
-    single_update = cfg.train.epochs == 1 and (cfg.train.mini_batch_size or len(batch)) == len(batch)
-    old_lp = None if single_update else frozen_logprobs(t, t.policy, batch, micro)
-    ref_lp = frozen_logprobs(t, t.reference, batch, micro) if t.reference is not None else None
-    stats = optimize(t, batch, advantages, old_lp, ref_lp)
-    t.sampler.sync_weights()
-
-    n_tokens = int(batch.completion_mask.sum())
-    elapsed = time.perf_counter() - start
-    global_stats = t.ctx.sum(torch.tensor([float(batch.rewards.sum()), float(batch.rewards.square().sum()), len(batch),
-                                           n_tokens, float(batch.truncated.sum())], dtype=torch.float64))
-    r_sum, r_sq, n, tokens, truncated = global_stats.tolist()
-    mean = r_sum / n
-    return {
-        "reward_mean": mean,
-        "reward_std": math.sqrt(max(r_sq / n - mean * mean, 0.0)),
-        "kl": stats.get("kl"),  # KL(π_θ ‖ π_ref), null when no reference model is loaded
-        "beta": cfg.algorithm.kl.beta,
-        "loss": stats["loss"],
-        "grad_norm": stats["grad_norm"],
-        "lr": lr,
-        "entropy": stats["entropy"],
-        "clip_frac": stats["clip_frac"],
-        "approx_kl": stats["approx_kl"],
-        "response_len": tokens / n,
-        "truncated_frac": truncated / n,
-        "tokens": int(tokens),
-        "tokens_per_s": tokens / elapsed,
-        "step_time_s": elapsed,
-    }
+    return Trainer(config, ctx, run_dir, tokenizer, policy, reference, critic, scorer, env, stream, sampler, optimizer,
+                   scheduler, kl_ctl, generator, autocast_dtype)
 
 
 def evaluate(t: Trainer) -> float:
@@ -195,9 +68,11 @@ def evaluate(t: Trainer) -> float:
 
 def save(t: Trainer, step: int, state: dict[str, Any]) -> None:
     rng = {"torch": torch.get_rng_state(), "sampling": t.generator.get_state()}
+    extra = {"critic": t.critic.state_dict()} if t.critic is not None else {}
     ckpt.save_checkpoint(t.run_dir / "checkpoints", step, ctx=t.ctx, model=t.policy, tokenizer=t.tokenizer,
-                         optimizer=t.optimizer, scheduler=t.scheduler, rng=rng,
-                         trainer_state={"data": t.stream.state_dict(), **state}, keep_last=t.config.checkpoint.keep_last)
+                         optimizer=t.optimizer, scheduler=t.scheduler, rng=rng, extra_weights=extra,
+                         trainer_state={"data": t.stream.state_dict(), "kl_controller": t.kl_ctl.state_dict(), **state},
+                         keep_last=t.config.checkpoint.keep_last)
 
 
 def restore(t: Trainer) -> dict[str, Any]:
@@ -209,8 +84,11 @@ def restore(t: Trainer) -> dict[str, Any]:
     folder = ckpt.latest_checkpoint(root)
     if folder is None:
         return {"step": 0}
-    state, rng = ckpt.load_checkpoint(folder, ctx=t.ctx, model=t.policy, optimizer=t.optimizer, scheduler=t.scheduler)
+    extra = {"critic": t.critic} if t.critic is not None else {}
+    state, rng = ckpt.load_checkpoint(folder, ctx=t.ctx, model=t.policy, optimizer=t.optimizer, scheduler=t.scheduler,
+                                      extra_modules=extra)
     t.stream.load_state_dict(state["data"])
+    t.kl_ctl.load_state_dict(state["kl_controller"])
     torch.set_rng_state(rng["torch"])
     t.generator.set_state(rng["sampling"])
     return state
@@ -242,10 +120,10 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
     try:
         for step in range(start_step + 1, config.train.steps + 1):
-            metrics = train_step(t)
+            metrics = train_step(t, step)
             train_time += metrics["step_time_s"]
             train_tokens += metrics["tokens"]
-            if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+            if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):  # the bad update was not applied
                 raise ScaleRLError(f"step {step}: loss or gradient norm is not finite; lower optim.lr or keep optim.max_grad_norm set")
             if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
                 eval_start = time.perf_counter()

@@ -9,10 +9,11 @@ import torch
 from scalerl.config import OptimConfig
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; the fused kernel where the device has one (CPU and CUDA in current torch)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=config.eps,
+def build_optimizer(groups: list[tuple[torch.nn.Module, float]], config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over (module, lr) groups (the policy, and a critic with its own lr); the fused kernel
+    where the device has one (CPU and CUDA in current torch)."""
+    param_groups = [{"params": [p for p in module.parameters() if p.requires_grad], "lr": lr} for module, lr in groups]
+    return torch.optim.AdamW(param_groups, lr=config.lr, betas=config.betas, eps=config.eps,
                              weight_decay=config.weight_decay, fused=device.type in {"cpu", "cuda"})
 
 

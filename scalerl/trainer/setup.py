@@ -89,3 +89,21 @@ def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: to
                 raise ScaleRLError("rollout.engine=vllm needs `pip install 'scalerl[vllm]'`; or use rollout.engine=hf") from None
             raise ScaleRLError("rollout.engine=vllm is not available yet in this version; use rollout.engine=hf")
     raise ScaleRLError(f"rollout.engine: unknown engine {config.rollout.engine!r}")
+
+
+def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """PPO's critic: a separate value model from the same checkpoint, or a value head on the policy."""
+    from scalerl.models.value import ValueHead, ValueModel
+
+    if config.algorithm.critic == "head":
+        return ValueHead(policy.config.hidden_size).to(device)
+    return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device).train()
+
+
+def build_scorer(config: Config, device: torch.device):
+    """The reward model that replaces the environment's reward, when `reward.model` is set."""
+    if config.reward.model is None:
+        return None
+    from scalerl.rewards.reward_model import RewardModelScorer
+
+    return RewardModelScorer(config.reward.model, device, batch_size=config.reward.batch_size)

@@ -39,11 +39,11 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
 
     real_step, calls = loop.train_step, {"n": 0}
 
-    def crash_at_step_5(t):
+    def crash_at_step_5(t, step):
         calls["n"] += 1
         if calls["n"] == 5:  # after the step-4 checkpoint, mid-way to the next
             raise KeyboardInterrupt
-        return real_step(t)
+        return real_step(t, step)
 
     monkeypatch.setattr(loop, "train_step", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):

@@ -20,7 +20,7 @@ def test_no_shuffle_follows_pool_order_and_wraps():
     assert _ids(stream.next_batch()) == [0, 1, 2, 3]
     assert _ids(stream.next_batch()) == [4, 5, 6, 7]
     assert _ids(stream.next_batch()) == [8, 9, 0, 1]
-    assert stream.state_dict() == {"epoch": 1, "index": 2}
+    assert stream.state_dict() == {"epoch": 1, "index": 2, "retired": []}
     assert _ids(stream.next_batch()) == [2, 3, 4, 5]
 
 
@@ -57,7 +57,7 @@ def test_state_dict_resumes_exact_sequence(shuffle):
     for _ in range(4):  # 12 tasks in: pass 1, index 2
         stream.next_batch()
     state = stream.state_dict()
-    assert state == {"epoch": 1, "index": 2}
+    assert state == {"epoch": 1, "index": 2, "retired": []}
     expected = [_ids(stream.next_batch()) for _ in range(5)]
 
     resumed = PromptStream(POOL, 3, seed=7, shuffle=shuffle)
@@ -69,7 +69,7 @@ def test_resume_at_end_of_pass():
     stream = PromptStream(POOL, 5, seed=1)
     stream.next_batch(), stream.next_batch()
     state = stream.state_dict()
-    assert state == {"epoch": 0, "index": 10}  # the wrap happens on the next draw
+    assert state == {"epoch": 0, "index": 10, "retired": []}  # the wrap happens on the next draw
     expected = _ids(stream.next_batch())
     resumed = PromptStream(POOL, 5, seed=1)
     resumed.load_state_dict(state)
@@ -93,9 +93,25 @@ def test_ranks_get_disjoint_slices_of_the_world_batch(shuffle):
             assert not set(a) & set(b)
             seen += a + b
     assert len(set(seen)) == 16  # 2 steps x 8 distinct tasks
-    assert r0.state_dict() == r1.state_dict() == single.state_dict() == {"epoch": 1, "index": 12}
+    assert r0.state_dict() == r1.state_dict() == single.state_dict() == {"epoch": 1, "index": 12, "retired": []}
 
 
 def test_empty_pool_raises():
     with pytest.raises(ValueError, match="empty"):
         PromptStream([], 4)
+
+
+def test_retired_prompts_are_skipped_and_survive_a_resume():
+    from scalerl.envs.base import Task
+    from scalerl.errors import ScaleRLError
+
+    tasks = [Task(prompt=str(i)) for i in range(6)]
+    stream = PromptStream(tasks, 2, shuffle=False)
+    stream.retire(["1", "2"])
+    assert [t.prompt for t in stream.next_batch()] == ["0", "3"]
+    copy = PromptStream(tasks, 2, shuffle=False)
+    copy.load_state_dict(stream.state_dict())
+    assert [t.prompt for t in copy.next_batch()] == [t.prompt for t in stream.next_batch()] == ["4", "5"]
+    stream.retire([t.prompt for t in tasks])
+    with pytest.raises(ScaleRLError, match="every training prompt has been retired"):
+        stream.next_batch()

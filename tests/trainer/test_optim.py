@@ -66,7 +66,7 @@ def test_decay_reaches_floor_at_last_step(schedule):
 def test_scheduler_applies_factor_per_optimizer_step():
     model = torch.nn.Linear(2, 1)
     c = OptimConfig(lr=0.1, warmup_steps=2, schedule="linear")
-    opt = build_optimizer(model, c, torch.device("cpu"))
+    opt = build_optimizer([(model, c.lr)], c, torch.device("cpu"))
     sched = build_scheduler(opt, c, total_steps=6)
     lrs = []
     for _ in range(4):

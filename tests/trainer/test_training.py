@@ -12,6 +12,7 @@ from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.monitor.metrics import read_metrics
 from scalerl.trainer import loop, setup
+from scalerl.trainer import step as step_module
 
 REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr", "entropy", "response_len", "tokens_per_s", "step_time_s"}
 
@@ -57,7 +58,7 @@ def test_beta_zero_never_builds_or_runs_a_reference_model(runs, monkeypatch):
     monkeypatch.setattr(loop, "build_reference", forbidden)
     t = _build(runs, "beta0")
     assert t.reference is None
-    metrics = loop.train_step(t)
+    metrics = loop.train_step(t, 1)
     assert metrics["kl"] is None and metrics["beta"] == 0.0
 
 
@@ -65,8 +66,8 @@ def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
     t = _build(runs, "beta", **{"algorithm.kl.beta": 0.1, "optim.lr": 1e-3})
     assert t.reference is not None and not any(p.requires_grad for p in t.reference.parameters())
     before = [p.clone() for p in t.reference.parameters()]
-    first = loop.train_step(t)
-    second = loop.train_step(t)
+    first = loop.train_step(t, 1)
+    second = loop.train_step(t, 2)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
     assert second["kl"] > 0.0  # after one update at lr 1e-3 they differ
     assert all(torch.equal(a, b) for a, b in zip(before, t.reference.parameters()))
@@ -75,7 +76,7 @@ def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
 def _one_update(runs, name, **extra):
     torch.manual_seed(0)
     t = _build(runs, name, **extra)
-    loop.train_step(t)
+    loop.train_step(t, 1)
     return [p.detach().clone() for p in t.policy.parameters()]
 
 
@@ -90,22 +91,21 @@ def test_gradient_accumulation_matches_the_whole_batch(runs, loss_agg):
 
 def test_bf16_autocast_runs_on_cpu(runs):
     t = _build(runs, "bf16", **{"train.precision": "bf16"})
-    metrics = loop.train_step(t)
+    metrics = loop.train_step(t, 1)
     assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
 
 
 def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
     t = _build(runs, "nan")
-    original = loop.grpo_loss
+    original = step_module.aggregate
 
     def poisoned(*args, **kwargs):
-        loss, stats = original(*args, **kwargs)
-        return loss * float("nan"), stats
+        return original(*args, **kwargs) * float("nan")
 
     from scalerl.errors import ScaleRLError
 
     before = [p.detach().clone() for p in t.policy.parameters()]
-    monkeypatch.setattr(loop, "grpo_loss", poisoned)
+    monkeypatch.setattr(step_module, "aggregate", poisoned)
     monkeypatch.setattr(loop, "build_trainer", lambda *a, **k: t)
     with pytest.raises(ScaleRLError, match="step 1: loss or gradient norm is not finite"):
         loop._train(t.config, t.ctx, resume=False)
