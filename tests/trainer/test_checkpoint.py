@@ -34,8 +34,20 @@ def _train(runs, name, resume=False, **extra):
     return loop.train(load_config(overrides=tiny_overrides(runs, name, **{**STATEFUL, **extra})), resume=resume)
 
 
-def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypatch):
-    _train(runs, "straight")
+VARIANTS = {
+    "grpo": {},
+    # PPO's critic weights and its optimizer group travel in the checkpoint too
+    "ppo": {"algorithm.name": "ppo", "algorithm.kl.in_reward": True},
+    # retired prompts and the adaptive β controller are state as well
+    "scalerl-adaptive": {"preset": "scalerl", "algorithm.retire_pass_rate": 0.25, "algorithm.kl.schedule": "adaptive",
+                         "algorithm.kl.target_kl": 1e-4, "algorithm.kl.horizon": 50},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypatch, variant):
+    extra = VARIANTS[variant]
+    _train(runs, "straight", **extra)
 
     real_step, calls = loop.train_step, {"n": 0}
 
@@ -47,14 +59,18 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
 
     monkeypatch.setattr(loop, "train_step", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):
-        _train(runs, "resumed")
+        _train(runs, "resumed", **extra)
     monkeypatch.setattr(loop, "train_step", real_step)
     assert [p.name for p in ckpt.complete_checkpoints(runs / "resumed" / "checkpoints")] == ["step_0000002", "step_0000004"]
-    _train(runs, "resumed", resume=True)
+    _train(runs, "resumed", resume=True, **extra)
 
     assert _without_timing(read_metrics(runs / "resumed")) == _without_timing(read_metrics(runs / "straight"))
-    final = "checkpoints/step_0000006/model.safetensors"
-    assert (runs / "resumed" / final).read_bytes() == (runs / "straight" / final).read_bytes()
+    for name in ("model.safetensors", *(["critic.safetensors"] if variant == "ppo" else [])):
+        final = f"checkpoints/step_0000006/{name}"
+        assert (runs / "resumed" / final).read_bytes() == (runs / "straight" / final).read_bytes()
+    if variant == "scalerl-adaptive":  # the state really moved: prompts were retired and β adapted
+        rows = read_metrics(runs / "resumed")
+        assert rows[-1]["retired_prompts"] > 0 and rows[-1]["beta"] != rows[0]["beta"]
     # rotation kept the last two complete checkpoints
     assert [p.name for p in ckpt.complete_checkpoints(runs / "resumed" / "checkpoints")] == ["step_0000004", "step_0000006"]
 
