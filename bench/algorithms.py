@@ -31,14 +31,14 @@ CONFIGS = {
 }
 
 
-def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, tmp: Path) -> dict:
+def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, threads: int, tmp: Path) -> dict:
     from scalerl.config import load_config
     from scalerl.monitor.metrics import read_metrics
     from scalerl.trainer.loop import train
 
     run_name = f"{name.replace(':', '-')}-s{seed}"
     config = load_config(overrides={
-        **overrides, "train.seed": seed, "train.steps": steps, "train.threads": 2, "rollout.prompts_per_step": 8,
+        **overrides, "train.seed": seed, "train.steps": steps, "train.threads": threads, "rollout.prompts_per_step": 8,
         "eval.every": eval_every, "log.run_dir": str(tmp), "log.name": run_name, "log.console": "none",
         "checkpoint.save_final": False,
     })
@@ -86,6 +86,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--eval-every", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None, help="a subset of: " + ", ".join(CONFIGS))
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
@@ -95,7 +96,7 @@ def main() -> None:
             for name, overrides in CONFIGS.items():
                 if args.only and name not in args.only:
                     continue
-                result = run(name, overrides, seed, args.steps, args.eval_every, Path(tmp))
+                result = run(name, overrides, seed, args.steps, args.eval_every, args.threads, Path(tmp))
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
     print(table(results))
@@ -105,7 +106,7 @@ def main() -> None:
         (out / f"algorithms_{date}.json").write_text(json.dumps({"date": date, "args": vars(args), "runs": results}, indent=1) + "\n")
         (out / f"algorithms_{date}.md").write_text(f"# Objectives at equal rollout budget ({date})\n\n"
                                                     f"`python bench/algorithms.py --seeds {' '.join(map(str, args.seeds))} "
-                                                    f"--steps {args.steps} --save`\n\n{table(results)}\n")
+                                                    f"--steps {args.steps} --threads {args.threads} --save`\n\n{table(results)}\n")
         plot(results, out / f"algorithms_{date}.png")
         print(f"wrote {out}/algorithms_{date}.{{json,md,png}}", file=sys.stderr)
 

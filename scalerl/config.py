@@ -123,6 +123,7 @@ AlgorithmConfig = Annotated[Union[GRPOConfig, CISPOConfig, RLOOConfig, Reinforce
 class RewardConfig(_Section):
     model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`); null uses the environment's reward.")
     batch_size: int = Field(64, ge=1)
+    normalize: Literal["none", "sigmoid", "batch"] = Field("none", description="none: the raw score; sigmoid: σ(score); batch: standardised over the step's batch.")
 
 
 class OptimConfig(_Section):
@@ -332,6 +333,8 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     resolve_model_path(config.model.path)  # a missing local folder fails here, before anything loads
     if config.model.tokenizer:
         resolve_model_path(config.model.tokenizer, "model.tokenizer")
+    if config.reward.model:
+        resolve_model_path(config.reward.model, "reward.model")
     return config
 
 

@@ -37,8 +37,14 @@ class ValueModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str, *, trust_remote_code: bool = False) -> "ValueModel":
         from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
 
-        backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=torch.float32, trust_remote_code=trust_remote_code)
+        previous = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the checkpoint's LM head is unused here on purpose: no load report
+        try:
+            backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=torch.float32, trust_remote_code=trust_remote_code)
+        finally:
+            hf_logging.set_verbosity(previous)
         return cls(backbone, backbone.config.hidden_size)
 
     def forward(self, batch: Rollout) -> torch.Tensor:

@@ -106,4 +106,5 @@ def build_scorer(config: Config, device: torch.device):
         return None
     from scalerl.rewards.reward_model import RewardModelScorer
 
-    return RewardModelScorer(config.reward.model, device, batch_size=config.reward.batch_size)
+    return RewardModelScorer(config.reward.model, device, batch_size=config.reward.batch_size,
+                             normalize=config.reward.normalize)

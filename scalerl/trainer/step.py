@@ -230,7 +230,8 @@ def train_step(t: Trainer, step: int) -> dict[str, Any]:
     completions = completions_of(batch, t.tokenizer)
     task_rewards = env_rewards(t.env, tasks, batch.group_ids.tolist(), completions).to(t.ctx.device)
     batch.rewards = task_rewards if t.scorer is None else t.scorer.score(
-        [tasks[g].prompt for g in batch.group_ids.tolist()], [c.text for c in completions]).to(t.ctx.device)
+        [tasks[g].prompt for g in batch.group_ids.tolist()], [c.text for c in completions],
+        [c.finished for c in completions]).to(t.ctx.device)
     n_tokens = int(batch.completion_mask.sum())  # generated tokens, before any filtering
     extra = filter_batch(t, tasks, batch)
     targets = prepare_targets(t, batch, beta)

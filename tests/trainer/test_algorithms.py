@@ -68,3 +68,23 @@ def test_max_kl_guard_damps_the_learning_rate(runs):
     for r in later:
         assert r["kl_guard_scale"] == pytest.approx(1e-4 / r["kl_before"], rel=1e-3)
     assert math.isfinite(rows[-1]["loss"])
+
+
+def test_entropy_bonus_lowers_the_loss_by_coef_times_entropy(runs):
+    """Same seed, same first batch: with token-level aggregation the loss moves by exactly −coef·H̄."""
+    base = _run(runs, "h0", **{"train.steps": 1})[0]
+    bonus = _run(runs, "h1", **{"train.steps": 1, "algorithm.entropy_coef": 0.01})[0]
+    assert bonus["entropy"] == pytest.approx(base["entropy"], rel=1e-6)
+    assert bonus["loss"] == pytest.approx(base["loss"] - 0.01 * base["entropy"], abs=1e-6)
+
+
+def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
+    """reward.model replaces the environment's reward; the environment's verdict is still logged."""
+    from scalerl.rewards.reward_model import load_reward_model
+
+    model, tokenizer = load_reward_model("builtin")
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    rows = _run(runs, "ppo-rm", **{"train.steps": 2, "algorithm.name": "ppo", "reward.model": str(tmp_path / "rm")})
+    assert all("task_reward_mean" in r and r["value_loss"] is not None for r in rows)
+    assert any(r["reward_mean"] != r["task_reward_mean"] for r in rows)  # an untrained head's scores, not 0/1 checks
