@@ -8,7 +8,7 @@ Reports, per seed: the reward-model score over the first and last 10 steps, the 
 pass rate on the same samples (`task_reward_mean`), the held-out greedy pass rate before/after,
 and the per-completion KL to the reference (`kl_seq`) against the band [--kl-low, --kl-high].
 
-    python bench/ppo_reward_model.py --seeds 0 1 2 --save
+    python bench/ppo_reward_model.py --seeds 0 1 2 --threads 1 --save
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--kl-low", type=float, default=0.0)
     ap.add_argument("--kl-high", type=float, default=3.0)
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
 
@@ -51,7 +52,7 @@ def main() -> None:
                 "algorithm.name": "ppo", "algorithm.kl.in_reward": True, "algorithm.kl.beta": 0.05,
                 "algorithm.kl.schedule": "adaptive", "algorithm.kl.target_kl": 0.05, "algorithm.kl.horizon": 2000,
                 "reward.model": str(rm_dir), "rollout.prompts_per_step": 8, "train.steps": args.steps, "train.seed": seed,
-                "train.threads": 2, "eval.every": 0, "log.run_dir": tmp, "log.name": f"ppo-rm-s{seed}", "log.console": "none",
+                "train.threads": args.threads, "eval.every": 0, "log.run_dir": tmp, "log.name": f"ppo-rm-s{seed}", "log.console": "none",
                 "checkpoint.save_final": False,
             }))
             metrics = read_metrics(Path(summary["run_dir"]))

@@ -1,4 +1,4 @@
-"""`scalerl` command line: `scalerl train [--config run.yaml] [--set key=value ...]`."""
+"""`scalerl` command line: `scalerl train [--config run.yaml] [--set key=value ...]`, `scalerl train-rm [...]`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from scalerl.cli.common import launch
+from scalerl.cli.common import launch, run_guarded, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="ScaleRL: RL post-training for language models.")
 
@@ -34,6 +34,29 @@ def train(
     if steps is not None:
         overrides.append(f"train.steps={steps}")
     launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug)
+
+
+@app.command("train-rm")
+def train_rm(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of overrides of the reward-model defaults."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one key, e.g. --set epochs=3 --set data=prefs.jsonl (repeatable)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Shorthand for --set out=DIR: where the model is saved."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Train a reward model (Bradley-Terry) on preference pairs. With no arguments: the built-in model on the shipped arithmetic pairs."""
+    from scalerl.rewards.rm_config import load_rm_config
+
+    overrides = list(set_) + ([f"out={out}"] if out is not None else [])
+
+    def go() -> None:
+        rm_config = load_rm_config(config, overrides)
+        from scalerl.rewards.reward_model import train_reward_model  # torch is imported only now
+
+        train_reward_model(rm_config, overwrite=overwrite)
+
+    setup_logging()
+    run_guarded(go, debug)
 
 
 def main() -> None:
