@@ -31,7 +31,7 @@ class RewardModelTrainConfig(BaseModel):
     epochs: int = Field(10, ge=1, description="Passes over the training pairs.")
     batch_size: int = Field(64, ge=1, description="Preference pairs per optimizer step (one forward of 2x as many rows).")
     lr: float = Field(5e-4, gt=0, description="AdamW peak learning rate: linear warm-up over the first 10% of steps, then cosine decay to 0.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
     max_length: int = Field(512, ge=2, description="Longest prompt+completion+EOS in tokens; longer texts keep their last max_length tokens.")
     eval_fraction: float = Field(0.1, ge=0, lt=1, description="Share of pairs held out for pairwise accuracy (before and after training).")

@@ -161,7 +161,7 @@ def test_tiny_training_run_learns_and_its_folder_reloads_with_transformers(tmp_p
 
     data = _write_pairs(tmp_path / "prefs.jsonl", load_preferences(shipped_preferences())[:400])
     config = load_rm_config(None, {"data": str(data), "out": str(tmp_path / "rm"), "epochs": 2, "batch_size": 16,
-                                   "lr": 5e-4, "eval_fraction": 0.25, "threads": 2})
+                                   "lr": 5e-4, "eval_fraction": 0.25, "threads": 1})
     summary = train_reward_model(config, log=lambda _: None)
     assert summary["train_pairs"] == 300 and summary["eval_pairs"] == 100
     assert summary["eval_accuracy_after"] >= summary["eval_accuracy_before"] + 0.05, summary
