@@ -307,19 +307,30 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
+    """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
+    if path is None:
+        return {}
+    if not Path(path).is_file():
+        raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(tree, dict):
+        raise ScaleRLError(f"config file {path} must hold a mapping ({example})")
+    return tree
+
+
+def override_items(overrides: list[str] | dict[str, Any] | None):
+    """(dotted key, value) pairs from `--set` strings or a dict."""
+    return overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
+
+
 def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Defaults <- YAML file <- overrides, validated; raises ScaleRLError with a one-line message."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).is_file():
-            raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
-        try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-        if not isinstance(tree, dict):
-            raise ScaleRLError(f"config file {path} must hold a mapping of sections (model:, env:, ...)")
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
+    tree = read_yaml_mapping(path, "model:, env:, ...")
+    items = override_items(overrides)
     for key, value in items:
         _set_dotted(tree, key, value)
     try:

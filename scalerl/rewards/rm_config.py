@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scalerl.config import parse_override
+from scalerl.config import override_items, read_yaml_mapping
 from scalerl.errors import ScaleRLError
 
 
@@ -50,18 +50,8 @@ def _format_error(err: ValidationError) -> str:
 
 def load_rm_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> RewardModelTrainConfig:
     """Defaults <- YAML file <- overrides, validated; raises ScaleRLError with a one-line message."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).is_file():
-            raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
-        try:
-            tree = yaml.safe_load(Path(path).read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-        if not isinstance(tree, dict):
-            raise ScaleRLError(f"config file {path} must hold a mapping of keys (model:, data:, epochs:, ...)")
-    items = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
-    tree.update(items)
+    tree = read_yaml_mapping(path, "model:, data:, epochs:, ...")
+    tree.update(override_items(overrides))
     try:
         config = RewardModelTrainConfig.model_validate(tree)
     except ValidationError as err:
