@@ -187,7 +187,7 @@ def micro_step(t: Trainer, mb: Rollout, targets: Targets, rows: slice, beta: flo
 def apply_update(t: Trainer, lr_scale: float) -> float:
     """Sum gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
     t.ctx.sum_gradients(t.policy)
-    if t.critic is not None and not t.value_head:
+    if t.critic is not None:  # a separate value model, or a value head that lives outside the policy module
         t.ctx.sum_gradients(t.critic)
     params = [p for group in t.optimizer.param_groups for p in group["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, t.config.optim.max_grad_norm or math.inf).item()
