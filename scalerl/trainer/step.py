@@ -178,7 +178,8 @@ def micro_step(t: Trainer, mb: Rollout, targets: Targets, rows: slice, beta: flo
     stats["entropy"] = fwd.entropy.detach()[m].mean().item() if m.any() else 0.0
     if kl is not None:
         stats["kl"] = kl.detach()[m].mean().item() if m.any() else 0.0
-        stats["kl_seq"] = (kl.detach() * mask).sum(1).mean().item()
+        trained = mask.sum(1) > 0  # completions masked out by filtering do not dilute the per-completion KL
+        stats["kl_seq"] = (kl.detach() * mask).sum(1)[trained].mean().item() if trained.any() else 0.0
     if vloss is not None:
         stats["value_loss"] = vloss.detach()[m].mean().item() if m.any() else 0.0
     return stats
@@ -210,8 +211,8 @@ def filter_batch(t: Trainer, tasks: list, batch: Rollout) -> dict[str, float]:
     if algo.zero_variance_filter:
         flat = (grouped == grouped[:, :1]).all(dim=1)  # (P,)
         batch.completion_mask = batch.completion_mask * (~flat).repeat_interleave(G).unsqueeze(1).to(batch.completion_mask.dtype)
-        metrics["zero_variance_frac"] = t.ctx.sum(torch.tensor([float(flat.sum()), float(len(flat))])).tolist()[0] / \
-            (len(flat) * t.ctx.world_size)
+        flat_groups, groups = t.ctx.sum(torch.tensor([float(flat.sum()), float(len(flat))])).tolist()
+        metrics["zero_variance_frac"] = flat_groups / groups
     if algo.retire_pass_rate is not None:
         done = [tasks[g].prompt for g in range(len(tasks)) if grouped[g].mean().item() >= algo.retire_pass_rate]
         t.stream.retire(t.ctx.gather_lists(done))
