@@ -40,3 +40,21 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: K
         case "k3":
             return torch.expm1(-delta) + delta
     raise ValueError(f"unknown KL estimator {estimator!r}; use k1, k2 or k3")
+
+
+def measured_kl(kl: torch.Tensor, mask: torch.Tensor, level: Literal["token", "sequence"] = "token") -> float:
+    """One number for a batch's per-token KL estimates `kl` (B, T) under `mask` (B, T):
+
+        token:     Σ_{i,t} m_it · kl_it / Σ_{i,t} m_it                 (mean per-token KL)
+        sequence:  (1/|S|) Σ_{i∈S} Σ_t m_it · kl_it,  S = {i : Σ_t m_it > 0}   (KL of a completion)
+
+    Rows with no unmasked token (e.g. filtered groups) count in neither. 0.0 for an empty mask.
+    """
+    m = mask.to(kl.dtype)
+    if level == "token":
+        total = m.sum()
+        return ((kl * m).sum() / total).item() if total > 0 else 0.0
+    if level == "sequence":
+        rows = m.sum(1) > 0
+        return (kl * m).sum(1)[rows].mean().item() if rows.any() else 0.0
+    raise ValueError(f"unknown KL level {level!r}; use token or sequence")

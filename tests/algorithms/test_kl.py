@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from scalerl.algorithms.kl import kl_estimate
+from scalerl.algorithms.kl import kl_estimate, measured_kl
 
 DELTAS = [-2.0, -0.5, 0.0, 0.3, 1.0, 3.0]
 
@@ -78,3 +78,14 @@ def test_monte_carlo_matches_exact_kl():
     # k2 is biased: E[Δ²/2] differs from KL by far more than its standard error here.
     k2 = kl_estimate(logprobs, ref, "k2")
     assert abs(k2.mean().item() - exact) > 5 * k2.std().item() / math.sqrt(n)
+
+
+def test_measured_kl_token_and_sequence_levels():
+    kl = torch.tensor([[0.2, 0.4, 9.0], [1.0, 0.0, 0.0], [5.0, 5.0, 5.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # row 2 filtered out entirely
+    # token: (0.2 + 0.4 + 1.0) / 3 tokens = 0.5333; sequence: rows 0 and 1 only, (0.6 + 1.0) / 2 = 0.8
+    assert measured_kl(kl, mask, "token") == pytest.approx(1.6 / 3)
+    assert measured_kl(kl, mask, "sequence") == pytest.approx(0.8)
+    assert measured_kl(kl, torch.zeros_like(mask), "sequence") == 0.0
+    with pytest.raises(ValueError, match="token or sequence"):
+        measured_kl(kl, mask, "batch")

@@ -70,6 +70,24 @@ def test_max_kl_guard_damps_the_learning_rate(runs):
     assert math.isfinite(rows[-1]["loss"])
 
 
+def test_adaptive_beta_follows_the_sequence_level_kl(runs):
+    rows = _run(runs, "adapt-seq", **{"algorithm.kl.schedule": "adaptive", "algorithm.kl.beta": 0.1, "algorithm.kl.level": "sequence",
+                                      "algorithm.kl.target_kl": 0.05, "algorithm.kl.horizon": 160, "optim.lr": 1e-3})
+    n = 16  # completions per step
+    for prev, nxt in zip(rows, rows[1:]):
+        error = min(max(prev["kl_seq"] / 0.05 - 1, -0.2), 0.2)
+        assert nxt["beta"] == pytest.approx(prev["beta"] * (1 + error * n / 160), rel=1e-6)
+
+
+@pytest.mark.parametrize("level, key", [("token", "kl"), ("sequence", "kl_seq")])
+def test_max_kl_guard_measures_kl_at_the_configured_level(runs, level, key):
+    """One epoch, one micro-batch: the loss's forward runs on the pre-update policy, so the guard's
+    KL equals the logged KL of the same level."""
+    rows = _run(runs, f"guard-{level}", **{"algorithm.kl.max_kl": 10.0, "algorithm.kl.level": level, "optim.lr": 1e-3})
+    assert max(r[key] for r in rows) > 1e-3
+    assert [r["kl_before"] for r in rows] == pytest.approx([r[key] for r in rows], rel=1e-4, abs=1e-6)
+
+
 def test_entropy_bonus_lowers_the_loss_by_coef_times_entropy(runs):
     """Same seed, same first batch: with token-level aggregation the loss moves by exactly −coef·H̄."""
     base = _run(runs, "h0", **{"train.steps": 1})[0]
