@@ -197,7 +197,9 @@ def test_env_args_cross_field_error_has_no_dangling_dot():
 def test_unknown_env_name_lists_known_names():
     msg = _error(None, ["env.name=arithmatic"])
     assert "env.name" in msg and "'arithmatic'" in msg
-    assert "[arithmetic]" in msg
+    from scalerl.envs.registry import ENVIRONMENTS
+
+    assert f"[{', '.join(sorted(ENVIRONMENTS))}]" in msg and "arithmetic, " in msg
     assert "module:Class" in msg
 
 

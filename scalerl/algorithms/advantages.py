@@ -124,6 +124,9 @@ def gae(
         Â_t = δ_t + γλ Â_{t+1}               Â = 0 after the last trained token
         R_t = Â_t + V_t                      (the critic's regression target)
 
+    "t + 1" is the next trained token: untrained positions (padding, and the observations inside a
+    multi-turn episode) are skipped, so the value and advantage carry over them undiscounted.
+
     With γ = λ = 1, Â_t = Σ_{s≥t} r_s − V_t. Computed under no-grad: advantages and returns are
     targets. Vectorised over rows, reverse loop over T.
 
@@ -131,13 +134,11 @@ def gae(
         rewards: (B, T) per-token rewards (e.g. the scalar reward on the last token, minus a
             per-token KL penalty).
         values: (B, T) critic values V_t.
-        loss_mask: (B, T) right-padded: each row is ones then zeros.
+        loss_mask: (B, T) 1 on trained tokens (ones then zeros, or with gaps in a multi-turn episode).
     Returns:
-        advantages (B, T) and returns (B, T), both 0 on padding.
+        advantages (B, T) and returns (B, T), both 0 on untrained positions.
     """
     mask = loss_mask.to(values.dtype)
-    if (mask[:, 1:] > mask[:, :-1]).any():
-        raise ValueError("gae needs right-padded rows: loss_mask must be ones then zeros in each row")
     with torch.no_grad():
         r = rewards.detach() * mask  # (B, T)
         v = values.detach() * mask  # (B, T), so V = 0 past each row's end
@@ -146,10 +147,12 @@ def gae(
         next_adv = v.new_zeros(v.shape[0])  # (B,)
         for t in reversed(range(v.shape[1])):
             delta = r[:, t] + gamma * next_value - v[:, t]  # (B,)
-            # Padding tokens get 0, so the last trained token starts from Â_{t+1} = 0.
-            next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
-            adv[:, t] = next_adv
-            next_value = v[:, t]
+            # Untrained positions get 0 and pass the next trained token's Â and V through, so the
+            # last trained token starts from Â_{t+1} = V_{t+1} = 0.
+            adv[:, t] = (delta + gamma * lam * next_adv) * mask[:, t]
+            trained = mask[:, t] > 0  # (B,)
+            next_adv = torch.where(trained, adv[:, t], next_adv)
+            next_value = torch.where(trained, v[:, t], next_value)
         return adv, (adv + v) * mask
 
 

@@ -1,9 +1,25 @@
 """The environment interface: where prompts come from and how a completion is scored.
 
 A task is one prompt with whatever its verifier needs (`answer`, `meta`). An environment hands out
-a training pool and a held-out set, and scores a completion. Single-turn tasks need nothing else;
-multi-turn environments will add a `step(task, transcript) -> observation | None` method that the
-rollout calls between turns (up to `max_turns`), with only the policy's own tokens trained on.
+a training pool and a held-out set, and scores a completion. Single-turn tasks need nothing else.
+
+Multi-turn environments (`MultiTurnEnvironment`) add one method, `step(task, transcript)`, that the
+rollout (`scalerl/rollout/multiturn.py`) calls after each of the policy's turns while fewer than
+`rollout.max_turns` turns have been taken. `transcript` is the conversation so far as text: the
+policy's turns and the environment's observations alternately, starting and ending with a policy
+turn (each turn without its end-of-sequence token, which is how the policy ends a turn). `step`
+returns the observation to append (a tool result, say), whose tokens the policy then reads as
+context, or None when the episode is over. A turn cut off at `max_new_tokens` also ends the
+episode. Only the policy's own tokens are trained on; observations never are. `score` then sees
+the whole episode: `Completion.turns` holds the transcript, `Completion.final_turn` the last turn.
+
+Reward shaping (optional, for sparse rewards; `scalerl/envs/shaping.py`, shown in `math_env.py`):
+an environment may define `partial_credit(task, completion) -> float` in [0, 1] (or let its
+`shaping.function` config name a `module:function` with that signature) and then also defines
+`correct(task, completion) -> float`, the unshaped 0/1 judgement. Its `score`, the training
+reward, is then `max(correct, shaping.weight · partial_credit)` with 0 ≤ weight < 1, so a correct
+answer always earns 1 and a wrong one at most the weight. Held-out pass rates call `correct` when
+it exists (`shaping.unshaped_score`), so they never include partial credit.
 
 A new task is one small class with a pydantic `Config` (its keyword arguments, validated when the
 run's config is built) and these three methods; register it by name in `registry.py` or pass it
@@ -32,12 +48,21 @@ class Completion:
     """What the policy produced for a task, as the environment sees it.
 
     `text` is the decoded completion up to (not including) the end-of-sequence token; `finished` is
-    False when generation stopped at `max_new_tokens` instead.
+    False when generation stopped at `max_new_tokens` instead. In a multi-turn episode `text` and
+    `token_ids` span every turn and observation (the EOS ending each earlier turn included), and
+    `turns` is the transcript: policy turn, observation, ..., policy turn, each turn without its EOS;
+    single-turn completions leave `turns` empty.
     """
 
     text: str
     token_ids: tuple[int, ...]
     finished: bool
+    turns: tuple[str, ...] = ()
+
+    @property
+    def final_turn(self) -> str:
+        """The policy's last turn (for a single-turn completion, its text)."""
+        return self.turns[-1] if self.turns else self.text
 
 
 class Environment(Protocol):
@@ -53,4 +78,13 @@ class Environment(Protocol):
 
     def score(self, task: Task, completion: Completion) -> float:
         """The reward of one completion (a pass rate is the mean score under greedy decoding)."""
+        ...
+
+
+class MultiTurnEnvironment(Environment, Protocol):
+    """An environment that answers the policy between turns (optional; see the module docstring)."""
+
+    def step(self, task: Task, transcript: Sequence[str]) -> str | None:
+        """The observation to append after the policy's latest turn (`transcript[-1]`), or None
+        when the episode is over. Called only when another policy turn can follow."""
         ...

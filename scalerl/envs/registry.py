@@ -9,9 +9,13 @@ from pydantic import ValidationError
 
 from scalerl.envs.arithmetic import ArithmeticEnv
 from scalerl.envs.base import Environment
+from scalerl.envs.calculator import CalculatorEnv
+from scalerl.envs.code import CodeEnv
+from scalerl.envs.math_env import MathEnv
+from scalerl.envs.open_prompts import OpenPromptsEnv
 from scalerl.errors import ScaleRLError
 
-ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv}
+ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv, "calculator": CalculatorEnv, "math": MathEnv, "reward_model": OpenPromptsEnv, "code": CodeEnv}
 
 
 def resolve_env_class(name: str) -> type:

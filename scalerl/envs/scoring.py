@@ -12,8 +12,9 @@ from scalerl.rollout.base import Rollout
 
 def completions_of(rollout: Rollout, tokenizer) -> list[Completion]:
     """Decode each completion up to (not including) its EOS; special tokens inside are kept, so a
-    verifier sees exactly what the policy emitted."""
-    lengths = rollout.completion_mask.sum(1).tolist()
+    verifier sees exactly what the policy emitted. A multi-turn rollout's completion spans every
+    turn and observation (its length is that of `completion_extent`, not of the trained tokens)."""
+    lengths = rollout.completion_extent().sum(1).tolist()
     rows = rollout.completion_ids.tolist()
     truncated = rollout.truncated.tolist()
     ids = [tuple(row[: n - (0 if cut else 1)]) for row, n, cut in zip(rows, lengths, truncated)]

@@ -49,7 +49,7 @@ class ValueModel(nn.Module):
 
     def forward(self, batch: Rollout) -> torch.Tensor:
         ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, P+T)
-        mask = torch.cat([batch.prompt_mask, batch.completion_mask], dim=1)
+        mask = batch.attention_mask()  # (B, P+T); a multi-turn episode's observations are context too
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         T = batch.completion_ids.shape[1]
         hidden = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state

@@ -18,16 +18,31 @@ class Rollout:
 
     Prompts are left-padded and completions right-padded, so `cat(prompt_ids, completion_ids)` is
     the full sequence with all prompts ending in the same column.
+
+    In a multi-turn episode (`multiturn.py`) the completion holds the policy's turns and the
+    environment's observations in order: `completion_mask` is 1 only on the policy's own tokens
+    (what is trained on, possibly with gaps), `completion_attention_mask` 1 on every real token,
+    observations included (what the forward pass attends to). Single-turn rollouts leave the
+    latter empty: it is then `completion_mask` itself.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded
     prompt_mask: torch.Tensor  # (B, P) long, 1 on real prompt tokens
     completion_ids: torch.Tensor  # (B, T) long, pad after the end
-    completion_mask: torch.Tensor  # (B, T) long, 1 on generated tokens up to and including EOS
+    completion_mask: torch.Tensor  # (B, T) long, 1 on generated tokens up to and including EOS (every policy turn's)
     sampler_logprobs: torch.Tensor  # (B, T) float32, log-prob of each token under the sampling distribution
     truncated: torch.Tensor  # (B,) bool, stopped at max_new_tokens without EOS
     group_ids: torch.Tensor  # (B,) long, which prompt of the step each row belongs to
     rewards: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (B,) float32, filled by scoring
+    completion_attention_mask: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (B, T) long, or empty
+
+    def completion_extent(self) -> torch.Tensor:
+        """(B, T) long: 1 on every real completion-side token (policy and observations), 0 on padding."""
+        return self.completion_attention_mask if self.completion_attention_mask.numel() else self.completion_mask
+
+    def attention_mask(self) -> torch.Tensor:
+        """(B, P+T) long: the attention mask of `cat(prompt_ids, completion_ids)`."""
+        return torch.cat([self.prompt_mask, self.completion_extent()], dim=1)
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from scalerl.algorithms.advantages import group_advantages, reinforce_pp_advantages, rloo_advantages
+from scalerl.algorithms.advantages import (
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from scalerl.algorithms.losses import cispo_objective, clipped_surrogate
 from scalerl.config import AlgorithmConfig
 
@@ -35,7 +39,8 @@ def policy_objective(algo: AlgorithmConfig, logprobs: torch.Tensor, old_logprobs
 
 def outcome_token_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """(B, T): each completion's scalar reward on its last trained token, zero elsewhere (PPO's sparse reward)."""
-    last = (loss_mask.sum(1) - 1).clamp(min=0)  # (B,)
+    columns = torch.arange(1, loss_mask.shape[1] + 1, device=loss_mask.device)  # (T,)
+    last = ((loss_mask > 0) * columns).amax(1).sub(1).clamp(min=0)  # (B,) last trained column, gaps allowed (multi-turn)
     token_rewards = torch.zeros_like(loss_mask, dtype=torch.float32)
     token_rewards[torch.arange(len(rewards), device=rewards.device), last] = rewards * (loss_mask.sum(1) > 0)
     return token_rewards

@@ -72,12 +72,14 @@ def test_gae_lambda_zero_is_one_step_td():
     assert torch.allclose(ret, torch.tensor([[1.0, 3.0]]))
 
 
-def test_gae_no_gradient_and_right_padding_required():
+def test_gae_no_gradient_and_untrained_positions_skipped():
     values = torch.ones(1, 3, requires_grad=True)
     adv, ret = gae(torch.ones(1, 3), values, torch.ones(1, 3))
     assert not adv.requires_grad and not ret.requires_grad
-    with pytest.raises(ValueError, match="right-padded"):
-        gae(torch.ones(1, 3), torch.ones(1, 3), torch.tensor([[0, 1, 1]]))
+    # An untrained position (a multi-turn observation) is skipped: 0 there, the rest as if it were absent.
+    gap, _ = gae(torch.ones(1, 3), torch.ones(1, 3), torch.tensor([[1, 0, 1]]), gamma=0.9, lam=0.8)
+    dense, _ = gae(torch.ones(1, 2), torch.ones(1, 2), torch.ones(1, 2), gamma=0.9, lam=0.8)
+    assert gap[0, 1] == 0 and torch.equal(gap[:, [0, 2]], dense)
 
 
 def test_whiten_masked():

@@ -1,0 +1,79 @@
+"""Built-in `reward_model` environment: open-ended prompts with no verifier.
+
+The prompts come from a JSONL file with a `prompt` column (an `answer` column, if present, is passed
+on to function reward components as `answers`; other columns go to `Task.meta`). The shipped set,
+`data/open_prompts.jsonl`, holds 40 short lowercase prompts that the built-in character tokenizer
+can encode. The last `num_eval` lines of the file are held out unless `eval_file` gives a separate
+held-out set.
+
+There is nothing to check a completion against, so `score` is 0 and `verifier = False`: the run's
+reward comes only from `reward_components` (or `reward.model`), which the config check requires.
+The held-out "pass rate" of such a run is the mean fused reward of greedy completions, with the
+components' configured weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scalerl.envs.base import Completion, Task
+from scalerl.errors import ScaleRLError
+
+SHIPPED_PROMPTS = Path(__file__).parent / "data" / "open_prompts.jsonl"
+
+
+class OpenPromptsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: Path | None = Field(None, description="JSONL with a 'prompt' column; default: the shipped set of 40 short prompts.")
+    eval_file: Path | None = Field(None, description="JSONL of held-out prompts; default: the last num_eval lines of `file`.")
+    num_eval: int = Field(8, ge=1, description="Held-out prompts taken from the end of `file` when there is no eval_file.")
+
+
+def read_prompts(path: Path) -> list[Task]:
+    """Tasks from a JSONL file with a string `prompt` (optional `answer`; other fields go to `meta`)."""
+    if not path.is_file():
+        raise ScaleRLError(f"prompt file {path} does not exist: give a JSONL file with a 'prompt' field")
+    tasks = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ScaleRLError(f"{path}:{i}: not valid JSON ({err.msg}); each line is one {{\"prompt\": ...}} object") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ScaleRLError(f"{path}:{i}: expected a JSON object with a string 'prompt'")
+        answer = row.pop("answer", None)
+        tasks.append(Task(prompt=row.pop("prompt"), answer=None if answer is None else str(answer), meta=row))
+    if not tasks:
+        raise ScaleRLError(f"prompt file {path} holds no prompts: add JSONL lines with a 'prompt' field")
+    return tasks
+
+
+class OpenPromptsEnv:
+    Config = OpenPromptsConfig
+    verifier: ClassVar[bool] = False  # scored only by reward components (checked when the config is built)
+
+    def __init__(self, config: OpenPromptsConfig | None = None):
+        self.config = c = config or OpenPromptsConfig()
+        tasks = read_prompts(c.file or SHIPPED_PROMPTS)
+        if c.eval_file is not None:
+            self._train, self._eval = tasks, read_prompts(c.eval_file)
+        elif c.num_eval >= len(tasks):
+            raise ScaleRLError(f"env.args.num_eval ({c.num_eval}) leaves no training prompts out of {len(tasks)}; lower it or give eval_file")
+        else:
+            self._train, self._eval = tasks[: -c.num_eval], tasks[-c.num_eval:]
+
+    def train_tasks(self) -> list[Task]:
+        return self._train
+
+    def eval_tasks(self) -> list[Task]:
+        return self._eval
+
+    def score(self, task: Task, completion: Completion) -> float:
+        return 0.0  # no verifier: the reward components score these prompts
