@@ -1,0 +1,101 @@
+"""Reward components: each scores a batch of completions with one float per completion.
+
+    env        the environment's own verifier (the score the trainer computes anyway)
+    model      a Hugging Face sequence-classification folder, batched (`RewardModelScorer`)
+    function   'module:function' with TRL's signature f(prompts, completions, **kwargs) -> list[float],
+               run in a worker process with a timeout (`safe_call.FunctionWorker`)
+
+A component returns (B,) float32 scores on the CPU, with NaN for an entry it could not score, or
+raises `RewardCallError` when the whole call failed; `scorer.RewardScorer` turns both into the
+fallback reward and counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from scalerl.envs.base import Completion, Task
+from scalerl.rewards.safe_call import FunctionWorker
+
+
+@dataclass(frozen=True)
+class RewardInputs:
+    """One step's completions, as every component sees them; row i answers prompt `prompts[i]`."""
+
+    prompts: list[str]
+    completions: list[str]  # decoded, up to (not including) EOS
+    finished: list[bool]  # False: cut off at max_new_tokens
+    tasks: list[Task]  # the task of each row (answer, meta)
+    group_ids: list[int]
+    env_scores: torch.Tensor  # (B,) the environment's score of each row
+
+    @classmethod
+    def of(cls, tasks: Sequence[Task], group_ids: list[int], completions: Sequence[Completion],
+           env_scores: torch.Tensor) -> "RewardInputs":
+        """Row i is `completions[i]`, answering `tasks[group_ids[i]]`."""
+        return cls(prompts=[tasks[g].prompt for g in group_ids], completions=[c.text for c in completions],
+                   finished=[c.finished for c in completions], tasks=[tasks[g] for g in group_ids],
+                   group_ids=list(group_ids), env_scores=env_scores)
+
+    def function_kwargs(self) -> dict:
+        """Keyword arguments of a function component (TRL passes dataset columns the same way)."""
+        return {"answers": [t.answer for t in self.tasks], "tasks": self.tasks, "finished": self.finished,
+                "group_ids": self.group_ids}
+
+
+class Component(Protocol):
+    name: str
+    source: str  # what the scores come from, for messages: 'env', a model folder, or 'module:function'
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        """(B,) float32 on the CPU; NaN where an entry could not be scored."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+@dataclass
+class EnvComponent:
+    name: str
+    source: str = "env"
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        return inputs.env_scores.detach().float().cpu()
+
+    def close(self) -> None:
+        pass  # holds nothing
+
+
+class ModelComponent:
+    """A reward model's scores (normalised per component: none / sigmoid / batch)."""
+
+    def __init__(self, name: str, path: str, device: torch.device | str, *, batch_size: int, normalize: str):
+        from scalerl.rewards.reward_model import RewardModelScorer
+
+        self.name, self.source = name, path
+        self.scorer = RewardModelScorer(path, device, batch_size=batch_size, normalize=normalize)
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        return self.scorer.score(inputs.prompts, inputs.completions, inputs.finished).float()
+
+    def close(self) -> None:
+        pass  # the model is freed with the object
+
+
+class FunctionComponent:
+    """A user's function in its own worker process, bounded by `timeout_s`."""
+
+    def __init__(self, name: str, spec: str, *, timeout_s: float):
+        self.name, self.source = name, spec
+        self.worker = FunctionWorker(spec, timeout_s)
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        values = self.worker.call(inputs.prompts, inputs.completions, inputs.function_kwargs())
+        return torch.tensor(values, dtype=torch.float32)
+
+    def close(self) -> None:
+        self.worker.close()

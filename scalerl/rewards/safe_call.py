@@ -1,0 +1,208 @@
+"""Calling a user's reward function so that it can never crash or stall the run.
+
+A function component (`function: module:function`, TRL's signature
+`f(prompts, completions, **kwargs) -> list[float]`, sync or `async def`) runs in its own worker
+process, started once and reused for every batch:
+
+    parent ── (prompts, completions, kwargs, timeout) ──▶ worker: import once, call, floats back
+
+Why a process and not a thread: a hung thread cannot be stopped, so it would keep its CPU and its
+locks for the rest of the run. A worker that does not answer within `timeout_s` (plus a short
+grace for the transfer) is killed and a fresh one is started for the next batch. `async def`
+functions are additionally bounded inside the worker by `asyncio.wait_for`, so a coroutine that
+overruns is cancelled without losing the worker.
+
+Everything that goes wrong becomes a `RewardCallError` with a `kind` (error, timeout, length,
+type, died, startup) and a message naming the function; the caller decides the fallback. The
+worker uses the `spawn` start method: forking a parent that holds torch's thread pools can
+deadlock the child. Worker processes are daemonic (they die with the run), so a reward function
+cannot itself start processes.
+
+No torch import here: the config check (`resolve_function`) runs before torch is loaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import multiprocessing as mp
+import traceback
+from typing import Any, Callable
+
+from scalerl.errors import ScaleRLError
+
+GRACE_S = 0.5  # beyond timeout_s: pickling the batch and the scores back
+STARTUP_TIMEOUT_S = 120.0  # a fresh worker imports the user's module (which may import torch)
+
+
+class RewardCallError(Exception):
+    """One failed call of a reward function: `kind` names the failure, `message` explains it."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+def resolve_function(spec: str, where: str = "function") -> Callable[..., Any]:
+    """The callable named by 'module:function' (dots allowed on both sides), or a one-line error."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ScaleRLError(f"{where}: '{spec}' is not 'module:function', e.g. my_pkg.rewards:exact_match")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ScaleRLError(f"{where}: cannot import module '{module_name}' ({err}); check PYTHONPATH or the spelling") from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ScaleRLError(f"{where}: module '{module_name}' has no attribute '{attr}'")
+    if not callable(target):
+        raise ScaleRLError(f"{where}: '{spec}' is a {type(target).__name__}, not a function")
+    return target
+
+
+def as_scores(result: Any, spec: str) -> list[float]:
+    """A function's result as floats; an entry that is None or not a number becomes NaN (the caller
+    gives it the fallback). A result that is not a sequence is an error naming the function."""
+    if isinstance(result, (str, bytes, dict)) or not hasattr(result, "__len__") or not hasattr(result, "__iter__"):
+        raise RewardCallError("type", f"{spec} returned {type(result).__name__}; expected a list of floats, one per completion")
+    scores = []
+    for value in result:
+        try:
+            scores.append(math.nan if value is None else float(value))
+        except (TypeError, ValueError):
+            scores.append(math.nan)
+    return scores
+
+
+def check_length(scores: list[float], n: int, spec: str) -> list[float]:
+    """A wrong-length result is an error, never broadcast or truncated."""
+    if len(scores) != n:
+        raise RewardCallError("length", f"{spec} returned {len(scores)} scores for {n} completions")
+    return scores
+
+
+def call_function(fn: Callable[..., Any], spec: str, prompts: list[str], completions: list[str],
+                  kwargs: dict[str, Any], timeout_s: float) -> list[float]:
+    """Call `fn` here (sync, or async under `asyncio.wait_for(timeout_s)`) and return its floats.
+    This is what the worker runs; it has no protection against a blocking function by itself."""
+    if inspect.iscoroutinefunction(fn):
+        result = asyncio.run(asyncio.wait_for(fn(prompts, completions, **kwargs), timeout_s))
+    else:
+        result = fn(prompts, completions, **kwargs)
+        if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
+            result = asyncio.run(asyncio.wait_for(result, timeout_s))
+    return as_scores(result, spec)
+
+
+def _worker_main(spec: str, conn) -> None:
+    """Worker process: import the function once, then answer (kind, payload) per request."""
+    try:
+        fn = resolve_function(spec)
+    except BaseException:  # reported to the parent, which counts it; the worker then exits
+        conn.send(("startup", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        if request is None:
+            return
+        prompts, completions, kwargs, timeout_s = request
+        try:
+            conn.send(("ok", call_function(fn, spec, prompts, completions, kwargs, timeout_s)))
+        except RewardCallError as err:
+            conn.send((err.kind, err.message))
+        except (asyncio.TimeoutError, TimeoutError):
+            conn.send(("timeout", f"{spec} did not finish within {timeout_s:g} s (async, cancelled)"))
+        except BaseException:  # the user's function failed: the traceback goes back to the parent
+            conn.send(("error", traceback.format_exc()))
+
+
+class FunctionWorker:
+    """A reward function behind a process boundary: `call` returns one float per completion or
+    raises `RewardCallError`; a worker that overruns `timeout_s` or dies is replaced."""
+
+    def __init__(self, spec: str, timeout_s: float, *, startup_timeout_s: float = STARTUP_TIMEOUT_S):
+        self.spec, self.timeout_s, self.startup_timeout_s = spec, timeout_s, startup_timeout_s
+        self._ctx = mp.get_context("spawn")
+        self._process = None
+        self._conn = None
+        self._ready = False
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._process = self._ctx.Process(target=_worker_main, args=(self.spec, child), daemon=True,
+                                          name=f"reward:{self.spec}")
+        self._process.start()
+        child.close()
+        self._conn, self._ready = parent, False
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(timeout=5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+    def _exit_code(self) -> int | None:
+        self._process.join(timeout=5)  # the pipe closes a moment before the process is reaped
+        return self._process.exitcode
+
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self._start()
+
+    def wait_ready(self) -> None:
+        """Block until the worker has imported the function (not counted against timeout_s)."""
+        if self._ready:
+            return
+        if not self._conn.poll(self.startup_timeout_s):
+            self._restart()
+            raise RewardCallError("startup", f"{self.spec}: the worker did not start within {self.startup_timeout_s:g} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            code = self._exit_code()
+            self._restart()
+            raise RewardCallError("startup", f"{self.spec}: the worker exited while starting (exit code {code})") from None
+        if kind != "ready":
+            self._restart()
+            raise RewardCallError("startup", f"{self.spec}: the worker could not load the function:\n{payload}")
+        self._ready = True
+
+    def call(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> list[float]:
+        """One float (NaN for an unusable entry) per completion, within timeout_s, or RewardCallError."""
+        self.wait_ready()
+        self._conn.send((prompts, completions, kwargs, self.timeout_s))
+        if not self._conn.poll(self.timeout_s + GRACE_S):
+            self._restart()  # a blocked call cannot be interrupted: the process goes, a fresh one comes
+            raise RewardCallError("timeout", f"{self.spec} did not return within {self.timeout_s:g} s; its worker was restarted")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            code = self._exit_code()
+            self._restart()
+            raise RewardCallError("died", f"{self.spec}: the worker process died during the call (exit code {code}); restarted") from None
+        if kind != "ok":
+            raise RewardCallError(kind, payload)
+        return check_length(payload, len(completions), self.spec)
+
+    def close(self) -> None:
+        if self._conn is not None and self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass  # already gone: nothing to stop
+            self._process.join(timeout=1)
+        self._kill()

@@ -1,0 +1,189 @@
+"""Rewards and environment scores computed in a pool of worker processes (`reward.num_workers`,
+source 002: "num_workers: number of parallel environments, set from the CPU core count").
+
+Scoring functions are plain callables `fn(*item) -> float` over tuples of arguments, e.g. an
+environment's bound `env.score` over `(task, completion)` pairs. Items are cut into contiguous
+chunks (about `chunks_per_worker` per worker and job) and every chunk of every job is submitted at
+once, so different jobs (the environment's score and each function reward component) run
+concurrently with each other, not one after another. Results come back in item order.
+
+Rules:
+- `num_workers` 0 or 1 scores in this process (no pickling, no processes).
+- Workers start with `forkserver` (Linux) or `spawn`: never `fork`, which would copy a process
+  whose torch threads may hold locks. Each worker runs torch with one thread.
+- Scorers registered by name at construction are pickled once and unpickled once per worker (an
+  environment and its task pool cross the pipe once, not per chunk); any other picklable
+  callable may be passed directly and travels with each chunk.
+- An exception raised by a scorer propagates to the caller, as it would in-process.
+- A worker that dies (segfault, `os._exit`, killed for memory) breaks the pool: every item of the
+  chunks that had not come back gets `fail_value` and is counted; the pool is rebuilt before the
+  call returns, so the next call runs normally. `pop_metrics()` reports the counts.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Mapping, Sequence
+
+from scalerl.errors import ScaleRLError
+
+ScoreFn = Callable[..., float]
+
+# Worker-process state: the registered scorers, installed once by `_init_worker`.
+_WORKER_SCORERS: dict[str, ScoreFn] = {}
+
+
+def _init_worker(scorers_blob: bytes) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"  # before unpickling, which may import torch
+    _WORKER_SCORERS.update(pickle.loads(scorers_blob))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)  # one process per core: torch threads inside would oversubscribe
+
+
+def _ready(seconds: float) -> int:
+    time.sleep(seconds)  # long enough for the other workers to take the other tasks
+    return os.getpid()
+
+
+def _score_chunk(fn: str | ScoreFn, items: list[tuple]) -> list[float]:
+    scorer = _WORKER_SCORERS[fn] if isinstance(fn, str) else fn
+    return [float(scorer(*item)) for item in items]
+
+
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """[lo, hi) bounds cutting n items into min(n, chunks) contiguous chunks whose sizes differ by at most 1."""
+    k = max(1, min(n, chunks))
+    size, extra = divmod(n, k)
+    bounds, lo = [], 0
+    for i in range(k):
+        hi = lo + size + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return [b for b in bounds if b[1] > b[0]]
+
+
+def default_start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class RewardPool:
+    """`num_workers` processes that score items; see the module docstring for the rules."""
+
+    def __init__(self, num_workers: int, scorers: Mapping[str, ScoreFn] | None = None, *, start_method: str | None = None,
+                 chunks_per_worker: int = 4, fail_value: float = 0.0):
+        if num_workers < 0 or chunks_per_worker < 1:
+            raise ValueError(f"need num_workers >= 0 and chunks_per_worker >= 1, got {num_workers} and {chunks_per_worker}")
+        if start_method == "fork":
+            raise ValueError("start_method fork is unsafe after torch has started threads; use forkserver or spawn")
+        self.num_workers, self.chunks_per_worker, self.fail_value = num_workers, chunks_per_worker, fail_value
+        self.scorers = dict(scorers or {})
+        self.start_method = start_method or default_start_method()
+        self.restarts = 0  # pools rebuilt after a worker died, over the pool's life
+        self._failed = 0  # items lost to dead workers since the last pop_metrics()
+        self._restarts_seen = 0
+        self._executor: ProcessPoolExecutor | None = None
+        self._blob = b""
+        if not self.in_process:
+            try:
+                self._blob = pickle.dumps(self.scorers)
+            except (pickle.PicklingError, TypeError, AttributeError) as err:
+                raise ScaleRLError(f"reward.num_workers: the scorers {sorted(self.scorers)} cannot be sent to worker processes "
+                                   f"({err}); make them picklable (module-level functions, plain objects) or set reward.num_workers=0") from None
+
+    @property
+    def in_process(self) -> bool:
+        return self.num_workers <= 1
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.start_method),
+                                                 initializer=_init_worker, initargs=(self._blob,))
+        return self._executor
+
+    def start(self, timeout_s: float = 120.0) -> list[int]:
+        """Start every worker now (so the first step does not pay for it); returns their pids.
+
+        The first round of tasks makes the executor launch all `num_workers` processes; rounds
+        repeat until each has answered (a worker that came up first may take several tasks).
+        """
+        if self.in_process:
+            return []
+        pool, pids = self._pool(), set()
+        deadline = time.monotonic() + timeout_s
+        while len(pids) < self.num_workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(pids)} of {self.num_workers} reward workers started within {timeout_s} s")
+            pids.update(f.result() for f in [pool.submit(_ready, 0.05) for _ in range(self.num_workers)])
+        return sorted(pids)
+
+    def map_scores(self, fn: str | ScoreFn, items: Sequence[tuple]) -> list[float]:
+        """[float(fn(*item)) for item in items], computed across the workers. `fn`: a registered
+        scorer's name or a picklable callable."""
+        return self._run([(fn, items)])[0]
+
+    def score_all(self, jobs: Mapping[str, Sequence[tuple]]) -> dict[str, list[float]]:
+        """{name: map_scores(name, items)} for registered scorers, all jobs running concurrently."""
+        unknown = sorted(set(jobs) - set(self.scorers))
+        if unknown:
+            raise KeyError(f"no scorer registered under {unknown}; registered: {sorted(self.scorers)}")
+        return dict(zip(jobs, self._run(list(jobs.items()))))
+
+    def _resolve(self, fn: str | ScoreFn) -> ScoreFn:
+        return self.scorers[fn] if isinstance(fn, str) else fn
+
+    def _run(self, jobs: list[tuple[str | ScoreFn, Sequence[tuple]]]) -> list[list[float]]:
+        if self.in_process:
+            return [[float(self._resolve(fn)(*item)) for item in items] for fn, items in jobs]
+        results = [[self.fail_value] * len(items) for _, items in jobs]
+        pool, broken = self._pool(), False
+        pending: list[tuple[Future | None, int, int, int]] = []
+        for j, (fn, items) in enumerate(jobs):
+            for lo, hi in chunk_bounds(len(items), self.num_workers * self.chunks_per_worker):
+                try:
+                    pending.append((pool.submit(_score_chunk, fn, list(items[lo:hi])), j, lo, hi))
+                except BrokenProcessPool:  # a worker died while we were still submitting
+                    pending.append((None, j, lo, hi))
+        try:
+            for future, j, lo, hi in pending:
+                try:
+                    if future is None:
+                        raise BrokenProcessPool("not submitted: the pool was already broken")
+                    results[j][lo:hi] = future.result()
+                except BrokenProcessPool:  # contained by design: counted, the items keep fail_value
+                    self._failed += hi - lo
+                    broken = True
+        finally:  # also when a scorer's exception propagates: never leave a broken pool behind
+            if broken:
+                self._rebuild()
+        return results
+
+    def _rebuild(self) -> None:
+        assert self._executor is not None
+        self._executor.shutdown(wait=True, cancel_futures=True)  # a broken pool has already terminated its workers
+        self._executor = None
+        self.restarts += 1
+        self._pool()  # a fresh executor; its workers start with the next submission
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Items lost to dead workers and pool rebuilds since the previous call (then reset)."""
+        metrics = {"reward_failed_items": float(self._failed), "reward_pool_restarts": float(self.restarts - self._restarts_seen)}
+        self._failed, self._restarts_seen = 0, self.restarts
+        return metrics
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> "RewardPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
