@@ -5,12 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
+
+
+def _clock(seconds: float | None) -> str:
+    """H:MM:SS, or — when unknown."""
+    if seconds is None:
+        return "—"
+    s = max(int(round(seconds)), 0)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 class RunConsole:
@@ -28,9 +42,11 @@ class RunConsole:
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}  pass {task.fields[pass_rate]}"),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console,
+                # The ETA is the trainer's own estimate (scalerl/predict/time_estimate.py): it counts the
+                # evaluations and checkpoints still to come, which rich's per-step rate cannot see.
+                TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"), console=self.console,
             )
-            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, reward="—", kl="—", pass_rate="—")
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, reward="—", kl="—", pass_rate="—", eta="—")
             self._progress.start()
 
     def print(self, message: str) -> None:
@@ -41,10 +57,11 @@ class RunConsole:
         if metrics.get("eval/pass_rate") is not None:
             self.pass_rate = metrics["eval/pass_rate"]
         reward, kl, pr = _fmt(metrics.get("reward_mean")), _fmt(metrics.get("kl"), ".4f"), _fmt(self.pass_rate)
+        eta = _clock(metrics.get("time/remaining_s"))
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, reward=reward, kl=kl, pass_rate=pr)
+            self._progress.update(self._task, completed=step, reward=reward, kl=kl, pass_rate=pr, eta=eta)
         elif self.mode == "plain":
-            self.console.print(f"step {step}/{self.total}  reward {reward}  kl {kl}  loss {_fmt(metrics.get('loss'), '.4f')}  pass {pr}", highlight=False)
+            self.console.print(f"step {step}/{self.total}  reward {reward}  kl {kl}  loss {_fmt(metrics.get('loss'), '.4f')}  pass {pr}  eta {eta}", highlight=False)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -1,11 +1,14 @@
-"""Where a step's metrics go: `metrics.jsonl` and TensorBoard event files, from rank 0 only."""
+"""Where a step's metrics go: `metrics.jsonl`, TensorBoard event files, and the optional sinks of
+`sinks.py` (Prometheus, W&B, MLflow), from rank 0 only."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+from scalerl.monitor.sinks import Sink
 
 
 def _clean(value: Any) -> Any:
@@ -15,11 +18,35 @@ def _clean(value: Any) -> Any:
     return value
 
 
-class MetricsLogger:
-    """Appends one JSON object per step to `metrics.jsonl` and mirrors scalars to TensorBoard."""
+class EventsTail:
+    """Reads the complete lines appended to `events.jsonl` (the health monitor's) since the last call;
+    a line still being written (no newline yet) waits for the next call."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True, resume_after: int | None = None):
+    def __init__(self, path: Path):
+        self.path, self._offset = path, 0
+
+    def read_new(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        if self.path.stat().st_size < self._offset:  # rewritten (a resumed run drops its crashed tail)
+            self._offset = 0
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.decode().splitlines() if line.strip()]
+
+
+class MetricsLogger:
+    """Appends one JSON object per step to `metrics.jsonl`, mirrors scalars to TensorBoard, and hands
+    each step (and new rows of `events.jsonl`) to the sinks."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True, resume_after: int | None = None,
+                 sinks: Sequence[Sink] = ()):
         self.path = run_dir / "metrics.jsonl"
+        self._sinks = list(sinks)
+        self._events = EventsTail(run_dir / "events.jsonl")
         if resume_after is not None:
             self._truncate_after(resume_after)
         self._file = open(self.path, "a", buffering=1)
@@ -43,11 +70,24 @@ class MetricsLogger:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
+        for sink in self._sinks:
+            sink.log(step, metrics)
+        self._forward_events()
+
+    def _forward_events(self) -> None:
+        if self._sinks and (rows := self._events.read_new()):
+            for sink in self._sinks:
+                sink.events(rows)
 
     def close(self) -> None:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        try:
+            self._forward_events()  # events the monitor wrote after the last step
+        finally:
+            for sink in self._sinks:
+                sink.close()
 
 
 class NullLogger:

@@ -1,0 +1,139 @@
+"""The memory estimator (`scalerl estimate`) against what a real training step holds on this CPU.
+
+For each random-init Llama config (built in-process, no download), a fresh subprocess runs two
+optimizer steps of the project's own loss path (`completion_forward` on prompt + completion, a
+policy-gradient loss, backward, AdamW) with two micro-batches of gradient accumulation, so that in
+the second step weights, gradients, AdamW states and one micro-batch's activations coexist. Measured:
+
+- weights / gradients / optimizer: bytes of the parameters, of their .grad, of AdamW's state tensors;
+- activations: bytes of the distinct storages autograd saves for backward during one micro-batch's
+  forward (`torch.autograd.graph.saved_tensors_hooks`; parameters excluded);
+- peak: the process's peak RSS (ru_maxrss) minus its RSS after imports, before the model is built.
+  This also holds transients the estimate does not model (gradients of activations during backward,
+  matmul workspaces, allocator slack), so it is compared with the estimated peak W + G + O + A.
+
+    python bench/memory_estimate.py --save
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "h512_l8_v32000": dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, vocab_size=32000),
+    "h768_l6_gqa_v8000": dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=6, num_attention_heads=12, num_key_value_heads=4, vocab_size=8000),
+}
+MICRO, PROMPT, COMPLETION = 8, 96, 32
+# glibc raises its mmap threshold after large frees, after which freed blocks stay in the heap and in RSS;
+# a fixed threshold returns every large block on free, so RSS follows the live tensor bytes.
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+
+
+def measure(name: str) -> dict:
+    import resource
+
+    import psutil
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scalerl.models.logprobs import completion_forward
+    from scalerl.rollout.base import Rollout
+
+    torch.set_num_threads(1)
+    base_rss = psutil.Process().memory_info().rss
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**CONFIGS[name], head_dim=CONFIGS[name]["hidden_size"] // CONFIGS[name]["num_attention_heads"],
+                      max_position_embeddings=256, tie_word_embeddings=False, attn_implementation="sdpa")
+    model = LlamaForCausalLM(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in param_ptrs:
+            saved[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    def batch() -> Rollout:
+        g = torch.Generator().manual_seed(1)
+        ones = lambda n: torch.ones(MICRO, n, dtype=torch.long)  # noqa: E731
+        return Rollout(prompt_ids=torch.randint(3, cfg.vocab_size, (MICRO, PROMPT), generator=g), prompt_mask=ones(PROMPT),
+                       completion_ids=torch.randint(3, cfg.vocab_size, (MICRO, COMPLETION), generator=g),
+                       completion_mask=ones(COMPLETION), sampler_logprobs=torch.zeros(MICRO, COMPLETION),
+                       group_ids=torch.arange(MICRO), truncated=torch.zeros(MICRO, dtype=torch.bool))
+
+    activations = 0
+    for step in range(2):
+        for micro in range(2):
+            if step == 0 and micro == 0:
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = completion_forward(model, batch())
+                activations = sum(saved.values())
+            else:
+                out = completion_forward(model, batch())
+            loss = -(out.logprobs * torch.randn(MICRO, 1)).mean() / 2
+            loss.backward()
+        grads = sum(p.grad.nbytes for p in model.parameters())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    weights = sum(p.nbytes for p in model.parameters())
+    optim = sum(v.nbytes for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
+    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "peak_rss_growth": peak,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def compare(name: str, measured: dict) -> dict:
+    from scalerl.predict.memory import ModelShape, estimate_memory
+
+    c = CONFIGS[name]
+    shape = ModelShape.from_hf_config({**c, "head_dim": c["hidden_size"] // c["num_attention_heads"]})
+    est = estimate_memory(shape, precision="fp32", micro_batch=MICRO, prompt_len=PROMPT, completion_len=COMPLETION, rollout_sequences=MICRO)
+    est_peak = est["weights"] + est["gradients"] + est["optimizer"] + est["activations"]
+    rows = {k: {"estimate_mb": est[k] / 2**20, "measured_mb": measured[k] / 2**20, "rel_error": est[k] / measured[k] - 1}
+            for k in ("weights", "gradients", "optimizer", "activations")}
+    rows["peak (W+G+O+A vs RSS growth)"] = {"estimate_mb": est_peak / 2**20, "measured_mb": measured["peak_rss_growth"] / 2**20,
+                                             "rel_error": est_peak / measured["peak_rss_growth"] - 1}
+    return {"config": name, "shape": c, "params_estimate": est["params"], "params_measured": measured["params"], "components": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", help=argparse.SUPPRESS)
+    ap.add_argument("--save", action="store_true")
+    args = ap.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure)))
+        return
+    results = []
+    for name in CONFIGS:
+        proc = subprocess.run([sys.executable, __file__, "--measure", name], capture_output=True, text=True, cwd=ROOT,
+                              env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **MALLOC})
+        if proc.returncode:
+            sys.exit(proc.stderr)
+        results.append(compare(name, json.loads(proc.stdout.strip().splitlines()[-1])))
+    report = {"date": datetime.date.today().isoformat(), "micro_batch": MICRO, "prompt_len": PROMPT, "completion_len": COMPLETION,
+              "precision": "fp32", "results": results}
+    lines = [f"# Memory estimate vs measured, {report['date']}", "",
+             f"fp32, micro-batch {MICRO} × ({PROMPT} prompt + {COMPLETION} completion) tokens, AdamW, 2 micro-batches of accumulation, CPU.", ""]
+    for r in results:
+        lines += [f"## {r['config']} ({r['params_measured']:,} parameters; estimated {int(r['params_estimate']):,})", "",
+                  "| component | estimate (MiB) | measured (MiB) | error |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['estimate_mb']:.1f} | {v['measured_mb']:.1f} | {100 * v['rel_error']:+.1f} % |" for k, v in r["components"].items()]
+        lines.append("")
+    print("\n".join(lines))
+    if args.save:
+        out = ROOT / "bench" / "results" / f"memory_estimate_{report['date']}"
+        out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+        out.with_suffix(".md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

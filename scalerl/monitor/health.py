@@ -1,0 +1,221 @@
+"""Health rules over each step's metrics: pure functions with the rule in the docstring, and
+`HealthMonitor`, which keeps the short histories they need and turns findings into `Event`s.
+
+No torch and no trainer here: what the trainer does about an event (raise β, halve the lr,
+restore a snapshot, dump the batch) is in `scalerl/trainer/recovery.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from typing import Any, Sequence
+
+from scalerl.config import HealthConfig
+from scalerl.monitor.events import Event
+
+
+def kl_side(kl: float, band: tuple[float, float]) -> str:
+    """'below' if KL < low, 'above' if KL > high, else 'inside' (the band is closed)."""
+    return "below" if kl < band[0] else "above" if kl > band[1] else "inside"
+
+
+def kl_explosion(kl: float, recent: Sequence[float], *, band_high: float, explosion_factor: float,
+                 jump_factor: float, min_history: int) -> str | None:
+    """Why this KL is an explosion, or None. An explosion is either
+
+        KL > explosion_factor · high                                      (absolute), or
+        KL > high  and  KL > jump_factor · median(recent)  with ≥ min_history values  (a jump).
+
+    The jump must also leave the band, so that 0.001 → 0.02 early in training is not one.
+    """
+    if kl > explosion_factor * band_high:
+        return f"{kl:.4g} > {explosion_factor:g} x band high {band_high:g}"
+    if kl > band_high and len(recent) >= min_history:
+        median = statistics.median(recent)
+        if kl > jump_factor * median:
+            return f"{kl:.4g} > {jump_factor:g} x recent median {median:.4g}"
+    return None
+
+
+def reward_collapse(reward: float, recent: Sequence[float], *, k: float, margin: float,
+                    min_history: int) -> tuple[bool, float, float]:
+    """(collapsed, μ, σ) with μ, σ the mean and population std of `recent` (the previous steps):
+
+        collapsed = len(recent) ≥ min_history  and  reward < μ − k·σ  and  μ − reward > margin
+
+    The margin keeps a near-constant reward (σ ≈ 0) from firing on a tiny dip.
+    """
+    if len(recent) < min_history:
+        return False, math.nan, math.nan
+    mu, sigma = statistics.fmean(recent), statistics.pstdev(recent)
+    return reward < mu - k * sigma and mu - reward > margin, mu, sigma
+
+
+def linear_trend(values: Sequence[float]) -> tuple[float, float, float]:
+    """Least-squares line through (i, y_i), i = 0..n−1: (slope b, t = b / SE(b), residual std).
+
+        b = Σ(x−x̄)(y−ȳ) / Σ(x−x̄)²,  SE(b) = sqrt(Σe² / (n−2) / Σ(x−x̄)²),  residual std = sqrt(Σe² / n)
+
+    SE(b) = 0 (a perfect line) gives t = ±inf, or 0 for a flat line.
+    """
+    n = len(values)
+    xm, ym = (n - 1) / 2, statistics.fmean(values)
+    sxx = sum((i - xm) ** 2 for i in range(n))
+    b = sum((i - xm) * (y - ym) for i, y in enumerate(values)) / sxx
+    sse = sum((y - (ym + b * (i - xm))) ** 2 for i, y in enumerate(values))
+    se = math.sqrt(sse / (n - 2) / sxx) if n > 2 else 0.0
+    t = b / se if se > 0 else (0.0 if b == 0 else math.copysign(math.inf, b))
+    return b, t, math.sqrt(sse / n)
+
+
+def direction_flips(values: Sequence[float]) -> float:
+    """Fraction of consecutive differences d_i, d_{i+1} with opposite signs (d_i · d_{i+1} < 0).
+    White noise gives about 2/3; a monotone or flat curve 0."""
+    d = [b - a for a, b in zip(values, values[1:])]
+    if len(d) < 2:
+        return 0.0
+    return sum(1 for a, b in zip(d, d[1:]) if a * b < 0) / (len(d) - 1)
+
+
+def phase_verdict(rewards: Sequence[float], *, sampling_se: float, min_steps: int = 8, t_threshold: float = 2.0,
+                  min_change: float = 0.02, oscillation_ratio: float = 3.0) -> dict[str, Any]:
+    """The run's phase from the last half of its reward_mean curve (y, n = ⌈len/2⌉ points):
+
+        too_short    fewer than min_steps rewards in all
+        rising       t > t_threshold and b·(n−1) > min_change      (b, t from `linear_trend`)
+        falling      t < −t_threshold and b·(n−1) < −min_change
+        oscillating  otherwise, if direction_flips(y) ≥ 0.5 and residual std > oscillation_ratio · sampling_se
+        plateau      otherwise
+
+    `sampling_se` is the standard error of one step's reward mean from sampling alone (about
+    reward_std / sqrt(completions per step)); swings within a few of it are noise, not oscillation.
+    """
+    if len(rewards) < min_steps:
+        return {"verdict": "too_short", "points": len(rewards)}
+    y = list(rewards[len(rewards) // 2:])
+    b, t, resid = linear_trend(y)
+    flips = direction_flips(y)
+    change = b * (len(y) - 1)
+    stats = {"points": len(y), "slope": b, "t": t, "change": change, "residual_std": resid,
+             "direction_flips": flips, "sampling_se": sampling_se}
+    if t > t_threshold and change > min_change:
+        verdict = "rising"
+    elif t < -t_threshold and change < -min_change:
+        verdict = "falling"
+    elif flips >= 0.5 and resid > oscillation_ratio * sampling_se:
+        verdict = "oscillating"
+    else:
+        verdict = "plateau"
+    return {"verdict": verdict, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}}
+
+
+class HealthMonitor:
+    """Evaluates every rule on one step's metrics (the same on every rank, so responses agree).
+
+    Rules and their event names: `kl_inactive` (info, once), `kl_band` (warning, on leaving the
+    band), `kl_explosion` (critical), `nonfinite` (critical), `reward_collapse` (critical),
+    `reward_plateau` (warning), `grad_norm` (warning). A non-finite step is judged by that rule
+    alone and does not enter the histories.
+    """
+
+    def __init__(self, config: HealthConfig, *, completions_per_step: int):
+        self.config = config
+        self.completions_per_step = completions_per_step
+        self.kl_history: deque[float] = deque(maxlen=config.window)
+        self.reward_history: deque[float] = deque(maxlen=config.window)
+        self.rewards: list[float] = []  # the whole curve, for the phase verdict
+        self.reward_stds: list[float] = []
+        self.kl_state = "inside"
+        self.kl_inactive_said = False
+        self.last_explosion: int | None = None
+        self.best: float | None = None
+        self.best_step = 0
+        self.since_best = 0
+        self.nonfinite_streak = 0
+        self.nonfinite_first = 0
+
+    def observe(self, step: int, metrics: dict[str, Any]) -> None:
+        """Add a good step to the histories (also how a resumed run replays metrics.jsonl)."""
+        kl = metrics.get(self.config.kl.metric)
+        if kl is not None:
+            self.kl_history.append(kl)
+        reward = metrics["reward_mean"]
+        self.reward_history.append(reward)
+        self.rewards.append(reward)
+        self.reward_stds.append(metrics["reward_std"])
+        if len(self.rewards) < self.config.plateau.smooth:  # a partial window is too noisy to set the best
+            return
+        smoothed = statistics.fmean(self.rewards[-self.config.plateau.smooth:])
+        if self.best is None or smoothed > self.best + self.config.plateau.min_delta:
+            self.best, self.best_step, self.since_best = smoothed, step, 0
+        else:
+            self.since_best += 1
+
+    def evaluate(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """The step's events (actions still None: the trainer fills in what it did)."""
+        cfg = self.config
+        if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+            self.nonfinite_streak += 1
+            self.nonfinite_first = self.nonfinite_first if self.nonfinite_streak > 1 else step
+            return [Event(step, "nonfinite", "critical",
+                          f"loss {metrics['loss']:.4g}, gradient norm {metrics['grad_norm']:.4g}: the update was skipped "
+                          f"({self.nonfinite_streak} in a row, limit {cfg.nonfinite.max_consecutive})",
+                          values={"loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
+                                  "consecutive": self.nonfinite_streak})]
+        self.nonfinite_streak = 0
+        events = self._kl_events(step, metrics.get(cfg.kl.metric)) if cfg.kl.enabled else []
+        if cfg.collapse.enabled:
+            collapsed, mu, sigma = reward_collapse(metrics["reward_mean"], self.reward_history, k=cfg.collapse.k,
+                                                   margin=cfg.collapse.margin, min_history=cfg.min_history)
+            if collapsed:
+                events.append(Event(step, "reward_collapse", "critical",
+                                    f"reward_mean {metrics['reward_mean']:.3f} fell below the last {len(self.reward_history)} "
+                                    f"steps' {mu:.3f} - {cfg.collapse.k:g} x {sigma:.3f}: check the batch for contaminated data",
+                                    values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
+        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max:
+            events.append(Event(step, "grad_norm", "warning",
+                                f"gradient norm {metrics['grad_norm']:.3g} > {cfg.grad_norm.max:g} (before clipping)",
+                                values={"grad_norm": metrics["grad_norm"], "max": cfg.grad_norm.max}))
+        self.observe(step, metrics)
+        patience = cfg.plateau.patience
+        if cfg.plateau.enabled and self.since_best and self.since_best % patience == 0:
+            events.append(Event(step, "reward_plateau", "warning",
+                                f"no new best smoothed reward for {self.since_best} steps (best {self.best:.3f} at step "
+                                f"{self.best_step}, now {statistics.fmean(self.rewards[-cfg.plateau.smooth:]):.3f})",
+                                values={"best": self.best, "best_step": self.best_step, "steps_since_best": self.since_best}))
+        return events
+
+    def _kl_events(self, step: int, kl: float | None) -> list[Event]:
+        cfg = self.config.kl
+        if kl is None:
+            if self.kl_inactive_said:
+                return []
+            self.kl_inactive_said = True
+            return [Event(step, "kl_inactive", "info", f"no reference model, so no {cfg.metric}: the KL rules are off "
+                          "(algorithm.kl.track=true measures it at one extra forward per step)")]
+        values = {"kl": kl, "kl_metric": cfg.metric, "band_low": cfg.band[0], "band_high": cfg.band[1]}
+        reason = kl_explosion(kl, self.kl_history, band_high=cfg.band[1], explosion_factor=cfg.explosion_factor,
+                              jump_factor=cfg.jump_factor, min_history=self.config.min_history)
+        side, was = kl_side(kl, cfg.band), self.kl_state
+        if side == "below" and len(self.kl_history) < self.config.min_history:
+            side = "inside"  # KL starts at exactly 0 (policy = reference): too low only once it has had time to move
+        self.kl_state = side
+        if reason and (self.last_explosion is None or step - self.last_explosion >= cfg.cooldown_steps):
+            self.last_explosion = step
+            median = statistics.median(self.kl_history) if self.kl_history else None
+            return [Event(step, "kl_explosion", "critical", f"{cfg.metric} exploded: {reason}",
+                          values={**values, "recent_median": median})]
+        if side != "inside" and side != was:
+            return [Event(step, "kl_band", "warning",
+                          f"{cfg.metric} {kl:.4g} is {side} the healthy band [{cfg.band[0]:g}, {cfg.band[1]:g}]", values=values)]
+        return []
+
+    def verdict(self) -> dict[str, Any]:
+        """`phase_verdict` of the reward curve so far, with the sampling error from its reward_std."""
+        half = self.reward_stds[len(self.reward_stds) // 2:]
+        se = statistics.median(half) / math.sqrt(self.completions_per_step) if half else 0.0
+        p = self.config.phase
+        return phase_verdict(self.rewards, sampling_se=se, min_steps=p.min_steps, t_threshold=p.t_threshold,
+                             min_change=p.min_change, oscillation_ratio=p.oscillation_ratio)

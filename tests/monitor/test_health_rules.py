@@ -1,0 +1,152 @@
+"""The health rules on hand-made metric sequences: each threshold by hand, and HealthMonitor's
+events (which rule, when, how often)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from scalerl.config import HealthConfig, load_config
+from scalerl.errors import ScaleRLError
+from scalerl.monitor.health import (HealthMonitor, direction_flips, kl_explosion, kl_side, linear_trend, phase_verdict,
+                                    reward_collapse)
+
+EXPLODE = dict(band_high=3.0, explosion_factor=3.0, jump_factor=10.0, min_history=5)
+
+
+def test_kl_side_is_a_closed_band():
+    assert [kl_side(v, (0.5, 3.0)) for v in (0.49, 0.5, 3.0, 3.01)] == ["below", "inside", "inside", "above"]
+
+
+def test_kl_explosion_absolute_and_jump():
+    assert kl_explosion(9.01, [], **EXPLODE).startswith("9.01 > 3 x band high 3")  # 3 x 3 = 9
+    assert kl_explosion(8.99, [], **EXPLODE) is None  # no history: only the absolute test
+    assert "recent median 0.4" in kl_explosion(4.5, [0.3, 0.4, 0.4, 0.5, 0.6], **EXPLODE)  # 4.5 > 10 x 0.4 and > 3
+    assert kl_explosion(3.9, [0.3, 0.4, 0.4, 0.5, 0.6], **EXPLODE) is None  # 3.9 < 10 x 0.4
+    assert kl_explosion(2.9, [0.01] * 5, **EXPLODE) is None  # a 290x jump that stays inside the band
+    assert kl_explosion(4.5, [0.4] * 4, **EXPLODE) is None  # 4 < min_history
+
+
+def test_reward_collapse_by_hand():
+    recent = [0.5, 0.6, 0.5, 0.6, 0.5]  # mean 0.54, population std sqrt(0.0024) = 0.04899
+    collapsed, mu, sigma = reward_collapse(0.3, recent, k=3, margin=0.1, min_history=5)
+    assert collapsed and mu == pytest.approx(0.54) and sigma == pytest.approx(math.sqrt(0.0024))
+    assert not reward_collapse(0.40, recent, k=3, margin=0.1, min_history=5)[0]  # 0.40 > 0.54 - 0.147 = 0.393
+    assert not reward_collapse(0.45, [0.5] * 5, k=3, margin=0.1, min_history=5)[0]  # std 0, but only 0.05 below
+    assert reward_collapse(0.35, [0.5] * 5, k=3, margin=0.1, min_history=5)[0]
+    assert not reward_collapse(0.0, [0.5] * 4, k=3, margin=0.1, min_history=5)[0]  # too little history
+
+
+def test_linear_trend_matches_numpy():
+    assert linear_trend([2.0, 2.5, 3.0, 3.5]) == (pytest.approx(0.5), math.inf, pytest.approx(0.0))
+    rng = np.random.default_rng(0)
+    y = 0.3 + 0.01 * np.arange(20) + rng.normal(0, 0.05, 20)
+    b, t, resid = linear_trend(y.tolist())
+    (slope, intercept), (sse,), *_ = np.polyfit(np.arange(20), y, 1, full=True)
+    se = math.sqrt(sse / 18 / np.sum((np.arange(20) - 9.5) ** 2))
+    assert b == pytest.approx(slope) and t == pytest.approx(slope / se) and resid == pytest.approx(math.sqrt(sse / 20))
+
+
+def test_direction_flips():
+    assert direction_flips([0, 1, 0, 1, 0]) == 1.0  # d = +,-,+,-: 3 flips of 3
+    assert direction_flips([0, 1, 2, 3]) == 0.0
+    assert direction_flips([0, 1, 2, 1]) == 0.5  # d = +,+,-: 1 of 2
+
+
+def test_phase_verdicts():
+    rng = np.random.default_rng(1)
+    noise = rng.normal(0, 0.01, 40)
+    x = np.arange(40)
+    verdict = lambda y, se=0.01: phase_verdict(list(y), sampling_se=se)["verdict"]
+    assert verdict(0.2 + 0.01 * x + noise) == "rising"  # last half: t >> 2, change 0.19
+    assert verdict(0.8 - 0.01 * x + noise) == "falling"
+    assert verdict(0.5 + 0.2 * np.sin(x * np.pi / 2) + noise) == "oscillating"  # swings of 0.2 >> 3 x 0.01, flips
+    assert verdict(0.5 + noise) == "plateau"  # residual 0.01 < 3 x 0.01
+    assert verdict(0.5 + 0.1 * noise / 0.01, se=0.001) == "oscillating"  # noise 0.1 the sampling error cannot explain
+    assert verdict([0.1, 0.2, 0.3]) == "too_short"
+    # A significant but tiny trend is not "rising": 0.0005/step over 20 steps = 0.0095 < min_change 0.02.
+    assert verdict(0.5 + 0.0005 * x) == "plateau"
+
+
+def _metrics(**kw):
+    base = {"loss": 0.1, "grad_norm": 1.0, "reward_mean": 0.5, "reward_std": 0.3, "kl": None, "kl_seq": None}
+    return {**base, **kw}
+
+
+def _run(monitor, rows, start=1):
+    return {step: [e.rule for e in monitor.evaluate(step, row)] for step, row in enumerate(rows, start)}
+
+
+def test_monitor_kl_inactive_once_and_band_exits():
+    cfg = HealthConfig(plateau={"enabled": False}, collapse={"enabled": False})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    assert _run(m, [_metrics()] * 3) == {1: ["kl_inactive"], 2: [], 3: []}
+    m = HealthMonitor(cfg, completions_per_step=16)
+    kls = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.2, 0.1, 1.0, 3.5, 3.6, 1.0]
+    fired = _run(m, [_metrics(kl_seq=v) for v in kls])
+    # 0.0 at steps 1-2 is not "below" yet (fewer than min_history = 5 values); 0.2 leaves the band
+    # downwards (once: 0.1 stays below); 3.5 leaves it upwards (3.5 < 9 and < 10 x median 1.0).
+    assert {s: r for s, r in fired.items() if r} == {7: ["kl_band"], 10: ["kl_band"]}
+    ev = m.evaluate(13, _metrics(kl_seq=0.1))[0]
+    assert ev.values == {"kl": 0.1, "kl_metric": "kl_seq", "band_low": 0.5, "band_high": 3.0} and ev.severity == "warning"
+
+
+def test_monitor_kl_explosion_with_cooldown_and_metric_choice():
+    cfg = HealthConfig(kl={"metric": "kl", "jump_factor": 2.0, "cooldown_steps": 3}, plateau={"enabled": False})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    rows = [_metrics(kl=1.0, kl_seq=100.0)] * 5 + [_metrics(kl=5.0)] * 4  # kl_seq is not the watched one here
+    fired = _run(m, rows)
+    assert fired[6] == ["kl_explosion"] and fired[7] == fired[8] == [] and fired[9] == ["kl_explosion"]
+    assert all(fired[s] == [] for s in range(1, 6))
+
+
+def test_monitor_nonfinite_streak_skips_other_rules():
+    m = HealthMonitor(HealthConfig(grad_norm={"max": 0.5}), completions_per_step=16)
+    rows = [_metrics(loss=math.nan), _metrics(grad_norm=math.inf), _metrics(), _metrics(loss=math.nan)]
+    events = [m.evaluate(s, r) for s, r in enumerate(rows, 1)]
+    assert [[e.rule for e in ev] for ev in events] == [["nonfinite"], ["nonfinite"], ["kl_inactive", "grad_norm"], ["nonfinite"]]
+    assert [events[i][0].values["consecutive"] for i in (0, 1, 3)] == [1, 2, 1]
+    assert m.nonfinite_first == 4 and len(m.rewards) == 1  # non-finite steps stay out of the histories
+
+
+def test_monitor_reward_collapse_and_plateau():
+    cfg = HealthConfig(kl={"enabled": False}, plateau={"patience": 3, "smooth": 1, "min_delta": 0.01})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    rewards = [0.5, 0.6, 0.5, 0.6, 0.5, 0.6, 0.1, 0.6, 0.6, 0.6, 0.6]
+    fired = _run(m, [_metrics(reward_mean=r) for r in rewards])
+    # best 0.6 at step 2; 3 steps without beating 0.61 at steps 5, 8 (every `patience`) and 11.
+    assert {s: r for s, r in fired.items() if r} == {5: ["reward_plateau"], 7: ["reward_collapse"], 8: ["reward_plateau"],
+                                                      11: ["reward_plateau"]}
+    m2 = HealthMonitor(cfg, completions_per_step=16)
+    assert not any(_run(m2, [_metrics(reward_mean=0.1 * i) for i in range(10)]).values())  # always improving
+
+
+def test_monitor_verdict_uses_the_sampling_error():
+    m = HealthMonitor(HealthConfig(), completions_per_step=100)
+    for s in range(1, 21):
+        m.observe(s, _metrics(reward_mean=0.5 + 0.05 * (-1) ** s, reward_std=0.1))  # swings of 0.05 > 3 x SE 0.1/10
+    v = m.verdict()
+    assert v["verdict"] == "oscillating" and v["sampling_se"] == pytest.approx(0.01) and v["direction_flips"] == 1.0
+    m = HealthMonitor(HealthConfig(), completions_per_step=4)  # SE 0.1/2 = 0.05: the same swings are noise
+    for s in range(1, 21):
+        m.observe(s, _metrics(reward_mean=0.5 + 0.05 * (-1) ** s, reward_std=0.1))
+    assert m.verdict()["verdict"] == "plateau"
+
+
+def test_health_config_validation(tmp_path):
+    with pytest.raises(ScaleRLError, match=r"health.kl.*low < high"):
+        load_config(overrides={"health.kl.band": [3.0, 0.5]})
+    with pytest.raises(ScaleRLError, match="health.kl.metric"):
+        load_config(overrides={"health.kl.metric": "approx_kl"})
+    assert load_config(overrides={"health.kl.band": [0.1, 1.0]}).health.kl.band == (0.1, 1.0)
+
+
+def test_plateau_waits_for_a_full_smoothing_window():
+    cfg = HealthConfig(kl={"enabled": False}, collapse={"enabled": False}, plateau={"patience": 2, "smooth": 3})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    fired = _run(m, [_metrics(reward_mean=r) for r in [0.9, 0.1, 0.2, 0.2, 0.2, 0.2, 0.2]])
+    # The first smoothed value is mean(0.9, 0.1, 0.2) = 0.4 at step 3; no new best at steps 4, 5 -> fires at 5 and 7.
+    assert m.best == pytest.approx(0.4) and m.best_step == 3
+    assert {s: r for s, r in fired.items() if r} == {5: ["reward_plateau"], 7: ["reward_plateau"]}

@@ -1,0 +1,42 @@
+"""`scalerl predict` and `scalerl estimate` through the real CLI: output and one-line errors."""
+
+import json
+
+import numpy as np
+
+from scalerl.predict.reward_curve import sigmoid_curve
+from tests.conftest import run_cli
+
+
+def _run(path, every):
+    path.mkdir(parents=True)
+    rows = [{"step": s, "tokens": 50, **({"eval/pass_rate": float(sigmoid_curve(np.array([float(s)]), r0=0.3, a=0.8, b=2.0, c_mid=30.0)[0])}
+                                          if s % every == 0 else {})} for s in range(1, 101)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"pass_rate_before": 0.3}))
+
+
+def test_predict_prints_fit(tmp_path):
+    _run(tmp_path / "r", 10)
+    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "r"), "--target-compute", "100", "--target-pass-rate", "0.9",
+                  "--bootstrap", "0")
+    assert out.returncode == 0, out.stderr
+    assert "A 0.800" in out.stdout and "at steps = 100: 0.759" in out.stdout and "not reached within A = 0.800" in out.stdout
+
+
+def test_predict_errors(tmp_path):
+    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "missing"))
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such run directory" in out.stderr
+    _run(tmp_path / "few", 40)
+    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "few"))
+    assert out.returncode == 2 and "fewer than 4 evaluations" in out.stderr and out.stderr.strip().count("\n") == 0
+
+
+def test_estimate_7b():
+    out = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--precision", "bf16", "--prompt-len", "256",
+                  "--set", "train.micro_batch_size=4", "--tokens-per-s", "2000")
+    assert out.returncode == 0, out.stderr
+    # weights 6.738e9 × 6 B = 37.65 GiB; efficiency 0.85 for 7B
+    assert "weights          37.654 GiB" in out.stdout and "efficiency 0.85" in out.stdout
+    bad = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "5b")
+    assert bad.returncode == 2 and "--model-size" in bad.stderr

@@ -1,0 +1,49 @@
+"""Memory arithmetic on small shapes, worked out by hand."""
+
+import pytest
+
+from scalerl.errors import ScaleRLError
+from scalerl.predict.cost import efficiency_for, run_cost
+from scalerl.predict.memory import MODEL_PRESETS, ModelShape, estimate_memory, gpus_needed, shape_of_model_path
+
+
+def test_builtin_params():
+    # V=55, h=128, i=512, L=4, 4 heads × 32: embed 7040; layer 4·128·128 + 3·128·512 + 256 = 262400;
+    # 7040 + 4·262400 + 128 + 7040 (untied head) = 1,063,808 — the README's "1.06M"
+    assert shape_of_model_path("builtin").params == 1_063_808
+
+
+def test_llama2_7b_params():
+    assert abs(MODEL_PRESETS["7b"].params - 6.738e9) < 1e6  # Llama-2-7B: 6,738,415,616
+
+
+def test_components_small_shape():
+    s = ModelShape(vocab=10, hidden=8, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4)
+    # params: embed 80; layer 2·8·8 + 2·8·4 + 3·8·16 + 16 = 128 + 64 + 384 + 16 = 592; 80 + 1184 + 8 + 80 = 1352
+    assert s.params == 1352
+    m = estimate_memory(s, precision="fp32", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4, reference=True)
+    assert m["weights"] == m["gradients"] == m["reference"] == 1352 * 4 and m["optimizer"] == 1352 * 8
+    # per layer per token (8 + 2·1/2)·8 + 4·16 = 136; all layers + final norm 2·136 + 24 = 296 elements;
+    # 2 × 8 tokens × 296 × 4 B = 18944; logits 2 × 6 × 10 × 4 = 480 → 19424
+    assert m["activations"] == 19424
+    # KV: 2 layers × 2 × 1 kv head × 4 × (4 sequences × 8 tokens) × 4 B = 2048
+    assert m["kv_cache"] == 2048
+    assert m["peak"] == 1352 * 20 + 19424
+    m8 = estimate_memory(s, precision="bf16", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
+    assert m8["optimizer"] == 1352 * 2 and m8["weights"] == 1352 * 6 and m8["activations"] == 2 * 8 * 296 * 2 + 480
+
+
+def test_gpus_and_cost():
+    mem = {"states": 100 * 2**30, "activations": 20 * 2**30, "kv_cache": 10 * 2**30}
+    # budget 0.9 × 80 = 72 GiB; 72 − 20 = 52 per GPU for states → ceil(100 / 52) = 2
+    assert gpus_needed(mem, 80) == 2
+    assert gpus_needed({**mem, "activations": 80 * 2**30}, 80) is None
+    c = run_cost(steps=1000, tokens_per_step=3.6e5, tokens_per_s=1e5, gpus=8, price_per_gpu_hour=2.0, efficiency=0.8)
+    # hours = 1000 × 3.6e5 / 1e5 / 3600 = 1; cost = 2 × 8 GPU-h / 0.8 = 20
+    assert c["hours"] == 1.0 and c["gpu_hours"] == 8.0 and c["cost"] == 20.0
+    assert efficiency_for(6.7e9) == 0.85 and efficiency_for(13e9) == 0.72 and efficiency_for(69e9) == 0.53
+
+
+def test_bad_precision():
+    with pytest.raises(ScaleRLError, match="--precision"):
+        estimate_memory(MODEL_PRESETS["7b"], precision="int4", micro_batch=1, prompt_len=1, completion_len=1, rollout_sequences=1)
