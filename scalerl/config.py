@@ -10,10 +10,17 @@ No torch import here, so `scalerl --help` and `--dry-run` stay instant.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from scalerl.errors import ScaleRLError
 
@@ -46,6 +53,7 @@ class RolloutConfig(_Section):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (also applied to the training log-probs).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps the full distribution.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
+    max_turns: int = Field(1, ge=1, description="Policy turns per episode for a multi-turn environment (one with a step method); max_new_tokens bounds each turn.")
 
 
 class KLConfig(_Section):
@@ -54,11 +62,13 @@ class KLConfig(_Section):
     track: bool = Field(False, description="Load the reference model to measure KL even when beta is 0 (costs one forward per step).")
     schedule: Literal["fixed", "adaptive", "progressive"] = Field(
         "fixed", description="fixed: beta throughout; adaptive: target-KL controller (Ziegler et al. 2019); progressive: the three phases of source 000 §2.2.")
-    target_kl: float = Field(0.1, gt=0, description="adaptive: the per-token KL the controller steers to.")
+    level: Literal["token", "sequence"] = Field(
+        "token", description="The KL that target_kl and max_kl are in: token = mean per-token KL; sequence = KL summed over each completion, averaged over completions (Ziegler et al. 2019; TRL's objective/kl).")
+    target_kl: float = Field(0.1, gt=0, description="adaptive: the KL (at `level`) the controller steers to.")
     horizon: int = Field(10_000, ge=1, description="adaptive: controller horizon, in samples.")
     beta_min: float = Field(0.0, ge=0, description="progressive: floor of phase 2 and start of phase 3.")
     beta_target: float = Field(0.0, ge=0, description="progressive: beta reached at the end of phase 3.")
-    max_kl: float | None = Field(None, gt=0, description="Guard: a step whose measured KL (before the update) exceeds this has its learning rate scaled by max_kl / KL.")
+    max_kl: float | None = Field(None, gt=0, description="Guard: a step whose measured KL (at `level`, before the update) exceeds this has its learning rate scaled by max_kl / KL.")
     in_reward: bool = Field(False, description="ppo only: subtract beta*KL from the per-token reward (classic RLHF) instead of adding it to the loss.")
 
     @property
@@ -120,10 +130,86 @@ class PPOConfig(_Clipped):
 AlgorithmConfig = Annotated[Union[GRPOConfig, CISPOConfig, RLOOConfig, ReinforcePPConfig, PPOConfig], Field(discriminator="name")]
 
 
+class RewardComponentConfig(_Section):
+    """One reward component: exactly one of `model`, `function`, `env` (a component named env is the environment)."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name in metrics (reward/<name>_mean, reward/weight/<name>).")
+    model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`).")
+    function: str | None = Field(None, description="'module:function' with TRL's signature f(prompts, completions, **kwargs) -> list[float], sync or async; kwargs: answers, tasks, finished, group_ids.")
+    env: bool = Field(False, description="Score with the environment's own verifier.")
+    weight: float = Field(1.0, ge=0, description="Weight in the fusion (dynamic_weight: the base weight w0).")
+    normalize: Literal["none", "sigmoid", "batch"] = Field("none", description="model only: none: the raw score; sigmoid: σ(score); batch: standardised over the step's batch.")
+    timeout_s: float = Field(30.0, gt=0, description="function only: seconds per batch before the call is abandoned (its worker process is restarted).")
+    fallback: float = Field(0.0, description="The score a completion gets when this component fails on it (error, timeout, None/NaN/inf, wrong length).")
+    ceiling: float | None = Field(None, description="dynamic_weight: the best score reachable; default: the largest observed so far.")
+    floor: float | None = Field(None, description="dynamic_weight: the worst score; default: the smallest observed so far.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_by_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("name") == "env" and not any(data.get(k) for k in ("model", "function", "env")):
+            data = {**data, "env": True}  # `{name: env}` is the environment's own score
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RewardComponentConfig":
+        sources = [k for k, v in (("model", self.model), ("function", self.function), ("env", self.env)) if v]
+        if len(sources) != 1:
+            raise ValueError(f"reward component '{self.name}' needs exactly one of model:, function: or env: true (got {sources or 'none'})")
+        if self.ceiling is not None and self.floor is not None and self.ceiling <= self.floor:
+            raise ValueError(f"reward component '{self.name}': ceiling ({self.ceiling}) must be above floor ({self.floor})")
+        return self
+
+
+class DynamicWeightConfig(_Section):
+    eps: float = Field(0.05, gt=0, description="Floor of a component's signal: w_k ∝ w0_k·(eps + informativeness·headroom).")
+    mean_ema: float = Field(0.1, gt=0, le=1, description="Rate of each component's running mean (for its headroom): m ← (1−a)·m + a·batch mean.")
+    weight_ema: float = Field(0.5, ge=0, lt=1, description="Smoothing of the weights across steps: w ← b·w_prev + (1−b)·w; 0 disables.")
+
+
+class DiversityConfig(_Section):
+    weight: float = Field(0.0, ge=0, description="Diversity penalty r_i ← r_i − weight · (mean cosine similarity of sample i to the rest of its group); 0 disables.")
+    embedder: str = Field("policy", description="policy: the policy's last hidden state mean-pooled over the completion; 'minilm': all-MiniLM-L6-v2 from the embed extra; or a local sentence-embedding model folder.")
+    batch_size: int = Field(64, ge=1, description="Rows per embedding forward pass.")
+
+
+class RewardCapConfig(_Section):
+    enabled: bool = Field(False, description="Clip rewards to the running quantile of recent steps' rewards (for continuous rewards; harmful with binary ones).")
+    quantile: float = Field(0.95, gt=0, le=1, description="The cap is this quantile of the raw rewards of the last `window` steps.")
+    window: int = Field(20, ge=1, description="Steps of raw rewards the quantile is taken over.")
+    warmup_steps: int = Field(5, ge=1, description="No cap until this many steps are in the window (at most `window`).")
+
+    @model_validator(mode="after")
+    def _check_warmup(self) -> "RewardCapConfig":
+        if self.warmup_steps > self.window:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be <= window ({self.window})")
+        return self
+
+
 class RewardConfig(_Section):
     model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`); null uses the environment's reward.")
     batch_size: int = Field(64, ge=1)
     normalize: Literal["none", "sigmoid", "batch"] = Field("none", description="none: the raw score; sigmoid: σ(score); batch: standardised over the step's batch.")
+    components: list[RewardComponentConfig] = Field(
+        default_factory=list, description="Several rewards fused into one (top-level YAML key reward_components is the same); empty: the environment's reward or `model`.")
+    fusion: Literal["weighted_sum", "dynamic_weight"] = Field(
+        "weighted_sum", description="weighted_sum: r = Σ w_k s_k; dynamic_weight: weights follow each component's remaining signal (top-level key fusion_method is the same).")
+    dynamic: DynamicWeightConfig = Field(default_factory=DynamicWeightConfig)
+    diversity: DiversityConfig = Field(default_factory=DiversityConfig)
+    cap: RewardCapConfig = Field(default_factory=RewardCapConfig)
+    dump_every: int = Field(0, ge=0, description="Write the step's samples (prompt, completion, component scores, fused and final reward) to samples/step_NNNNNN.jsonl every N steps; 0: never.")
+    num_workers: int = Field(0, ge=0, description="Worker processes that compute the environment's score (and other per-sample scorers given to the pool), several jobs at once; 0 or 1: in the trainer's process.")
+
+    @model_validator(mode="after")
+    def _check_components(self) -> "RewardConfig":
+        names = [c.name for c in self.components]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward.components: names must be unique (got {names})")
+        if self.components and self.model is not None:
+            raise ValueError("reward.model and reward.components are both set: add the model as a component ({name: rm, model: ...}) instead")
+        if self.components and sum(c.weight for c in self.components) <= 0:
+            raise ValueError("reward.components: the weights sum to 0; give at least one component a positive weight")
+        return self
 
 
 class OptimConfig(_Section):
@@ -167,6 +253,85 @@ class LogConfig(_Section):
     name: str | None = Field(None, description="Run name (runs/<name>); default: a timestamp.")
     tensorboard: bool = True
     console: Literal["rich", "plain", "none"] = Field("rich", description="rich: live progress bar; plain: a line per step.")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve every step metric to Prometheus at http://metrics_host:PORT/metrics; null: off; 0: a free port (printed).")
+    metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to; 0.0.0.0 exposes it to other machines.")
+    metrics_linger_s: float = Field(0.0, ge=0, description="Keep the Prometheus endpoint up this many seconds after the last step, so a scraper sees the final values.")
+    sinks: list[Literal["wandb", "mlflow"]] = Field(default_factory=list, description="Also send step metrics to Weights & Biases and/or MLflow (needs the package: pip install wandb / mlflow).")
+    project: str = Field("scalerl", description="W&B project and MLflow experiment name for log.sinks.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; null: MLflow's own default (MLFLOW_TRACKING_URI or ./mlruns).")
+
+    @field_validator("sinks")
+    @classmethod
+    def _sink_packages_installed(cls, sinks: list[str]) -> list[str]:
+        import importlib.util
+
+        for sink in sinks:
+            if importlib.util.find_spec(sink) is None:
+                raise ValueError(f"'{sink}' needs the {sink} package, which is not installed: pip install {sink}, or remove it from log.sinks")
+        return sinks
+
+
+class HealthKLConfig(_Section):
+    enabled: bool = True
+    metric: Literal["kl", "kl_seq"] = Field("kl_seq", description="The KL watched: kl = mean per-token KL; kl_seq = KL summed over each completion, averaged over completions. Needs a reference model (kl.beta > 0, kl.track, kl.max_kl or a non-fixed schedule); without one the rule is inactive.")
+    band: tuple[float, float] = Field((0.5, 3.0), description="Healthy KL band [low, high]; leaving it logs a warning (once per exit; below only after health.min_history steps, as KL starts at 0).")
+    explosion_factor: float = Field(3.0, gt=1, description="Explosion: KL > explosion_factor x band high ...")
+    jump_factor: float = Field(10.0, gt=1, description="... or KL > band high and > jump_factor x the median KL of the last health.window steps.")
+    beta_factor: float = Field(1.5, gt=1, description="Explosion response: multiply beta (every schedule) by this.")
+    lr_factor: float = Field(0.5, gt=0, lt=1, description="Explosion response: multiply the base learning rate (persistently) by this.")
+    min_beta: float = Field(0.01, gt=0, description="Explosion response: beta never goes below this afterwards (beta_factor x 0 would stay 0).")
+    cooldown_steps: int = Field(5, ge=1, description="At most one explosion response per this many steps (KL needs a few steps to answer).")
+
+    @model_validator(mode="after")
+    def _check_band(self) -> "HealthKLConfig":
+        if not 0 <= self.band[0] < self.band[1]:
+            raise ValueError(f"band must be [low, high] with 0 <= low < high, got {list(self.band)}")
+        return self
+
+
+class HealthNonFiniteConfig(_Section):
+    enabled: bool = Field(True, description="A NaN/Inf loss or gradient: skip the update, restore the last snapshot, turn clipping on. Off: stop at the first one.")
+    snapshot_every: int = Field(10, ge=0, description="Keep a CPU copy of the model and optimizer state every N good steps (costs ~3x the fp32 parameter bytes in RAM with AdamW); 0: no snapshot, only skip.")
+    max_consecutive: int = Field(3, ge=1, description="Stop with an error after this many non-finite steps in a row.")
+
+
+class HealthCollapseConfig(_Section):
+    enabled: bool = True
+    k: float = Field(3.0, ge=0, description="Collapse: reward_mean < mean - k*std of the last health.window steps ...")
+    margin: float = Field(0.1, ge=0, description="... and below that mean by more than this (reward units). Dumps the batch to collapse/step_N.jsonl.")
+
+
+class HealthPlateauConfig(_Section):
+    enabled: bool = True
+    patience: int = Field(10, ge=1, description="Alert after this many steps without a new best smoothed reward (and again every `patience` steps).")
+    min_delta: float = Field(0.01, ge=0, description="A new best must beat the old one by more than this.")
+    smooth: int = Field(5, ge=1, description="Smoothed reward: the mean reward_mean of the last `smooth` steps (the rule starts once there are that many).")
+
+
+class HealthGradNormConfig(_Section):
+    enabled: bool = True
+    max: float = Field(10.0, gt=0, description="Warn when the (pre-clipping) gradient norm exceeds this.")
+
+
+class HealthPhaseConfig(_Section):
+    min_steps: int = Field(8, ge=4, description="Steps needed for a phase verdict (from the last half of the reward curve).")
+    t_threshold: float = Field(2.0, gt=0, description="rising/falling: |slope / its standard error| above this ...")
+    min_change: float = Field(0.02, ge=0, description="... and the fitted change over the last half above this (reward units).")
+    oscillation_ratio: float = Field(3.0, gt=0, description="oscillating: residual std > this x the reward mean's sampling error, and the step-to-step direction flips on at least half the steps.")
+
+
+class HealthConfig(_Section):
+    enabled: bool = Field(True, description="Health rules every step: events.jsonl, console lines, health/* metrics, automatic responses.")
+    window: int = Field(20, ge=2, description="Recent steps the collapse and KL-jump rules compare against.")
+    min_history: int = Field(5, ge=2, description="Steps of history before the collapse and KL-jump rules fire.")
+    webhook_url: str | None = Field(None, description="POST each warning or critical event as JSON here; failures are counted and printed, never raised.")
+    webhook_timeout_s: float = Field(2.0, gt=0, description="Timeout of one webhook POST.")
+    kl: HealthKLConfig = Field(default_factory=HealthKLConfig)
+    nonfinite: HealthNonFiniteConfig = Field(default_factory=HealthNonFiniteConfig)
+    collapse: HealthCollapseConfig = Field(default_factory=HealthCollapseConfig)
+    plateau: HealthPlateauConfig = Field(default_factory=HealthPlateauConfig)
+    grad_norm: HealthGradNormConfig = Field(default_factory=HealthGradNormConfig)
+    phase: HealthPhaseConfig = Field(default_factory=HealthPhaseConfig)
 
 
 ALGORITHMS: dict[str, type[BaseModel]] = {
@@ -205,6 +370,22 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _top_level_reward_keys(cls, data: Any) -> Any:
+        """The source documents' spelling: top-level `reward_components` and `fusion_method`."""
+        moved = {"reward_components": "components", "fusion_method": "fusion"}
+        if not isinstance(data, dict) or not any(k in data for k in moved) or not isinstance(data.get("reward", {}), dict):
+            return data
+        data, reward = dict(data), dict(data.get("reward") or {})
+        for top, key in moved.items():
+            if top in data:
+                if key in reward:
+                    raise ValueError(f"{top} and reward.{key} are the same setting; give only one")
+                reward[key] = data.pop(top)
+        return {**data, "reward": reward}
 
     @model_validator(mode="before")
     @classmethod
@@ -273,10 +454,15 @@ def _section_at(loc: tuple) -> type[BaseModel] | None:
             continue
         if key == "algorithm" and cls is Config:
             continue
+        if isinstance(key, int):  # an item of a list of sections, e.g. reward.components.0
+            continue
         field = cls.model_fields.get(str(key))
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+        annotation = field.annotation if field is not None else None
+        if get_origin(annotation) is list:
+            annotation = get_args(annotation)[0]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return None
-        cls = field.annotation
+        cls = annotation
     return cls
 
 
@@ -346,6 +532,9 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
         resolve_model_path(config.model.tokenizer, "model.tokenizer")
     if config.reward.model:
         resolve_model_path(config.reward.model, "reward.model")
+    from scalerl.rewards.sources import check_reward_sources
+
+    check_reward_sources(config)
     return config
 
 

@@ -60,6 +60,10 @@ class KLController:
     fixed: β throughout. progressive: `progressive_beta` with β_init = β. adaptive: starts at β
     and moves with `update` after each step's measured KL; its current β is the state that a
     checkpoint must save.
+
+    On top of every schedule sits the health monitor's boost (`boost`): the step's β is
+    max(scale · β_schedule, floor); scale starts at 1 and floor at 0, so an untouched
+    controller gives the schedule's β exactly. Both are saved in `state_dict`.
     """
 
     def __init__(
@@ -86,16 +90,29 @@ class KLController:
         self.horizon = horizon
         self.beta_min = beta_min
         self.beta_target = beta_target
+        self.scale = 1.0  # the health monitor's multiplier of the scheduled β
+        self.floor = 0.0  # and its lower bound (raised from 0 by the first boost)
 
     def beta_at(self, step: int) -> float:
         """β for the 1-based training step `step`."""
         if step < 1:
             raise ValueError(f"training steps are 1-based, got {step}")
         if self.schedule == "progressive":
-            return progressive_beta(
+            scheduled = progressive_beta(
                 step - 1, self.total_steps, beta_init=self.beta, beta_min=self.beta_min, beta_target=self.beta_target
             )
-        return self.beta
+        else:
+            scheduled = self.beta
+        return max(self.scale * scheduled, self.floor)
+
+    def boost(self, factor: float, min_beta: float) -> None:
+        """The KL-explosion response: scale ← scale · factor, floor ← max(floor · factor, min_beta).
+
+        The step's β becomes max(factor · β, min_beta) whatever the schedule; the floor exists
+        because factor · 0 = 0 would leave a β = 0 run (KL only tracked) without any penalty.
+        """
+        self.scale *= factor
+        self.floor = max(self.floor * factor, min_beta)
 
     def update(self, measured_kl: float, n_steps: int = 1) -> None:
         """Feed the KL measured at the last step (adaptive only; a no-op for the others)."""
@@ -105,12 +122,14 @@ class KLController:
             )
 
     def state_dict(self) -> dict:
-        return {"schedule": self.schedule, "beta": self.beta}
+        return {"schedule": self.schedule, "beta": self.beta, "scale": self.scale, "floor": self.floor}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the adaptive β. For fixed and progressive, β comes from the config and the step,
-        so nothing is restored (a changed β in the config takes effect on resume)."""
+        """Restore the adaptive β and the health boost. For fixed and progressive, β comes from the
+        config and the step, so it is not restored (a changed β in the config takes effect on resume)."""
         if state["schedule"] != self.schedule:
             raise ValueError(f"checkpoint has KL schedule {state['schedule']!r}, config has {self.schedule!r}")
         if self.schedule == "adaptive":
             self.beta = float(state["beta"])
+        # The health boost always persists; checkpoints written before it existed have none.
+        self.scale, self.floor = float(state.get("scale", 1.0)), float(state.get("floor", 0.0))

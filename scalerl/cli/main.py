@@ -8,6 +8,9 @@ from typing import List, Optional
 import typer
 
 from scalerl.cli.common import launch, run_guarded, setup_logging
+from scalerl.cli.estimate import estimate
+from scalerl.cli.predict import predict
+from scalerl.cli.report import report
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="ScaleRL: RL post-training for language models.")
 
@@ -23,6 +26,7 @@ def train(
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one key, e.g. --set optim.lr=3e-5 (repeatable)."),
     name: Optional[str] = typer.Option(None, "--name", help="Run name: the run directory is <log.run_dir>/<name>."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Shorthand for --set train.steps=N."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port (--set log.metrics_port=N; 0: any free port)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest complete checkpoint."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
@@ -33,7 +37,12 @@ def train(
         overrides.append(f"log.name={name}")
     if steps is not None:
         overrides.append(f"train.steps={steps}")
+    if metrics_port is not None:
+        overrides.append(f"log.metrics_port={metrics_port}")
     launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug)
+
+
+app.command("report")(report)
 
 
 @app.command("train-rm")
@@ -51,12 +60,18 @@ def train_rm(
 
     def go() -> None:
         rm_config = load_rm_config(config, overrides)
-        from scalerl.rewards.reward_model import train_reward_model  # torch is imported only now
+        from scalerl.rewards.reward_model import (
+            train_reward_model,  # torch is imported only now
+        )
 
         train_reward_model(rm_config, overwrite=overwrite)
 
     setup_logging()
     run_guarded(go, debug)
+
+
+app.command("predict")(predict)
+app.command("estimate")(estimate)
 
 
 def main() -> None:

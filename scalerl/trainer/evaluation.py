@@ -1,4 +1,4 @@
-"""Held-out greedy pass rate."""
+"""Held-out greedy pass rate (whole episodes for a multi-turn environment)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,29 @@ import torch
 
 from scalerl.distributed.context import DistContext
 from scalerl.envs.base import Environment, Task
-from scalerl.envs.scoring import score_rollout
+from scalerl.envs.shaping import unshaped_score
+from scalerl.rewards.components import RewardInputs
+from scalerl.rewards.scorer import RewardScorer
 from scalerl.rollout.base import Sampler, SamplingParams
+from scalerl.rollout.multiturn import sample_episodes
 
 
 def greedy_pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, *,
-                     max_new_tokens: int, batch_size: int, ctx: DistContext) -> float:
-    """Mean reward of greedy completions on `tasks`; each rank scores its share, counts are summed."""
+                     max_new_tokens: int, batch_size: int, ctx: DistContext, max_turns: int = 1,
+                     scorer: RewardScorer | None = None) -> float:
+    """Mean reward of greedy completions (episodes of up to `max_turns` turns) on `tasks`; each rank
+    scores its share, counts are summed."""
     mine = list(tasks[ctx.rank:: ctx.world_size])
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
     total = 0.0
     for i in range(0, len(mine), batch_size):
         chunk = mine[i: i + batch_size]
-        rollout = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in chunk], params, None)
-        total += float(score_rollout(env, chunk, rollout, tokenizer).sum())
+        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, None, max_turns=max_turns)
+        # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
+        scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(rollout.group_ids.tolist(), completions)],
+                              dtype=torch.float32)
+        if scorer is not None:  # an environment without a verifier: the fused reward, with the configured weights
+            scores = scorer.evaluate(RewardInputs.of(chunk, rollout.group_ids.tolist(), completions, scores))
+        total += float(scores.sum())
     counts = ctx.sum(torch.tensor([total, float(len(mine))], dtype=torch.float64))
     return float(counts[0] / counts[1].clamp(min=1))

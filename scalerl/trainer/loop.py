@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any
 
@@ -14,16 +13,29 @@ from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, init_distributed, shutdown
 from scalerl.envs.registry import build_env
-from scalerl.errors import ScaleRLError
 from scalerl.models.loading import load_model, load_tokenizer
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
+from scalerl.monitor.sinks import build_sinks
+from scalerl.predict.time_estimate import TimeEstimator
+from scalerl.rewards.sources import env_has_verifier
 from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer.data import PromptStream
 from scalerl.trainer.evaluation import greedy_pass_rate
 from scalerl.trainer.optim import build_optimizer, build_scheduler
-from scalerl.trainer.setup import (build_critic, build_reference, build_sampler, build_scorer, check_offload, check_precision,
-                                   prepare_run_dir, seed_everything, set_threads)
+from scalerl.trainer.recovery import HealthGuard
+from scalerl.trainer.reward_step import build_reward_defences
+from scalerl.trainer.setup import (
+    build_critic,
+    build_reference,
+    build_sampler,
+    build_scorer,
+    check_offload,
+    check_precision,
+    prepare_run_dir,
+    seed_everything,
+    set_threads,
+)
 from scalerl.trainer.step import Trainer, train_step
 
 
@@ -55,15 +67,17 @@ def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
                           horizon=kl.horizon, beta_min=kl.beta_min, beta_target=kl.beta_target)
     generator = torch.Generator(device=ctx.device).manual_seed(config.train.seed * 1_000_003 + ctx.rank)
     sampler = build_sampler(config, policy, tokenizer, ctx.device)
-    return Trainer(config, ctx, run_dir, tokenizer, policy, reference, critic, scorer, env, stream, sampler, optimizer,
-                   scheduler, kl_ctl, generator, autocast_dtype)
+    defences = build_reward_defences(config, env, ctx.device)
+    return Trainer(config, ctx, run_dir, tokenizer, policy, reference, critic, scorer, defences, env, stream, sampler,
+                   optimizer, scheduler, kl_ctl, generator, autocast_dtype)
 
 
 def evaluate(t: Trainer) -> float:
     cfg = t.config
     tasks = t.env.eval_tasks()[: cfg.eval.max_tasks]
     return greedy_pass_rate(t.env, tasks, t.sampler, t.tokenizer, ctx=t.ctx, batch_size=cfg.eval.batch_size,
-                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens)
+                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, max_turns=cfg.rollout.max_turns,
+                            scorer=None if env_has_verifier(cfg.env.name) else t.scorer)  # no verifier: mean fused reward
 
 
 def save(t: Trainer, step: int, state: dict[str, Any]) -> None:
@@ -71,7 +85,9 @@ def save(t: Trainer, step: int, state: dict[str, Any]) -> None:
     extra = {"critic": t.critic.state_dict()} if t.critic is not None else {}
     ckpt.save_checkpoint(t.run_dir / "checkpoints", step, ctx=t.ctx, model=t.policy, tokenizer=t.tokenizer,
                          optimizer=t.optimizer, scheduler=t.scheduler, rng=rng, extra_weights=extra,
-                         trainer_state={"data": t.stream.state_dict(), "kl_controller": t.kl_ctl.state_dict(), **state},
+                         trainer_state={**state, "data": t.stream.state_dict(), "kl_controller": t.kl_ctl.state_dict(),
+                                        "reward_defences": t.defences.state_dict(),
+                                        **({"reward_scorer": t.scorer.state_dict()} if t.scorer is not None else {})},
                          keep_last=t.config.checkpoint.keep_last)
 
 
@@ -89,6 +105,9 @@ def restore(t: Trainer) -> dict[str, Any]:
                                       extra_modules=extra)
     t.stream.load_state_dict(state["data"])
     t.kl_ctl.load_state_dict(state["kl_controller"])
+    if t.scorer is not None and "reward_scorer" in state:  # dynamic fusion weights continue where they were
+        t.scorer.load_state_dict(state["reward_scorer"])
+    t.defences.load_state_dict(state.get("reward_defences", {}))
     torch.set_rng_state(rng["torch"])
     t.generator.set_state(rng["sampling"])
     return state
@@ -107,29 +126,35 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     t = build_trainer(config, ctx, resume)
     state = restore(t) if resume else {"step": 0}
     start_step = state["step"]
-    logger = (MetricsLogger(t.run_dir, tensorboard=config.log.tensorboard, resume_after=start_step if resume else None)
+    logger = (MetricsLogger(t.run_dir, tensorboard=config.log.tensorboard, resume_after=start_step if resume else None,
+                            sinks=build_sinks(config, t.run_dir))
               if ctx.is_main else NullLogger())
     console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start_step)
     if resume:
         console.print(f"resumed from step {start_step} in {t.run_dir}")
+    health = HealthGuard(t, console.print, resume_after=start_step if resume else None)
     wall_start = time.perf_counter()
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     if "pass_rate_before" not in state:
         state["pass_rate_before"] = evaluate(t)
     last_eval = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
+    eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
     try:
         for step in range(start_step + 1, config.train.steps + 1):
             metrics = train_step(t, step)
             train_time += metrics["step_time_s"]
             train_tokens += metrics["tokens"]
-            if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):  # the bad update was not applied
-                raise ScaleRLError(f"step {step}: loss or gradient norm is not finite; lower optim.lr or keep optim.max_grad_norm set")
+            metrics.update(health.check(step, metrics))  # events and responses (scalerl/trainer/recovery.py)
             if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
                 eval_start = time.perf_counter()
                 last_eval = metrics["eval/pass_rate"] = evaluate(t)
                 metrics["eval_time_s"] = time.perf_counter() - eval_start
                 eval_time += metrics["eval_time_s"]
+            elapsed = time.perf_counter() - wall_start
+            if (total_s := eta.update(step, elapsed_s=elapsed, step_time_s=metrics["step_time_s"], eval_time_s=metrics.get("eval_time_s"),
+                                      save_time_total_s=save_time)) is not None:
+                metrics["time/estimated_total_s"], metrics["time/remaining_s"] = total_s, total_s - elapsed
             logger.log(step, metrics)
             console.step(step, metrics)
             state.update(step=step, train_time_s=train_time, train_tokens=train_tokens, last_pass_rate=last_eval)
@@ -139,7 +164,10 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
                 save(t, step, {k: v for k, v in state.items() if k != "step"})
                 save_time += time.perf_counter() - save_start
         loop_time = time.perf_counter() - loop_start - eval_time - save_time  # steps and logging only
+        phase = health.finish(config.train.steps)
     finally:
+        t.defences.close()
+        health.close()
         console.close()
         logger.close()
     summary = {
@@ -153,7 +181,9 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
         "checkpoint_time_s": save_time,
         "tokens_per_s": train_tokens / max(train_time, 1e-9),
         "run_dir": str(t.run_dir),
+        **phase,  # phase_verdict, phase_stats, health_events
     }
+    summary.update(eta.summary(summary["wall_time_s"]))  # how good the live time estimate made at 10% was
     if ctx.is_main:
         (t.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     console.summary(summary)

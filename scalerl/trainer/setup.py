@@ -101,10 +101,7 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
 
 
 def build_scorer(config: Config, device: torch.device):
-    """The reward model that replaces the environment's reward, when `reward.model` is set."""
-    if config.reward.model is None:
-        return None
-    from scalerl.rewards.reward_model import RewardModelScorer
+    """The `RewardScorer` of `reward.components` (or of `reward.model` alone); None: the environment's reward."""
+    from scalerl.rewards.scorer import build_reward_scorer
 
-    return RewardModelScorer(config.reward.model, device, batch_size=config.reward.batch_size,
-                             normalize=config.reward.normalize)
+    return build_reward_scorer(config.reward, group_size=config.rollout.group_size, device=device)

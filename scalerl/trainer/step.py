@@ -13,16 +13,38 @@ from typing import Any
 import torch
 
 from scalerl.algorithms.advantages import gae, whiten
-from scalerl.algorithms.kl import kl_estimate
+from scalerl.algorithms.kl import kl_estimate, measured_kl
 from scalerl.algorithms.kl_control import KLController
-from scalerl.algorithms.losses import aggregate, policy_stats, truncated_is_weights, value_loss
+from scalerl.algorithms.losses import (
+    aggregate,
+    policy_stats,
+    truncated_is_weights,
+    value_loss,
+)
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext
-from scalerl.envs.scoring import completions_of, env_rewards
 from scalerl.models.logprobs import completion_forward
+from scalerl.rewards.scorer import RewardScorer
 from scalerl.rollout.base import Rollout, Sampler, SamplingParams
+from scalerl.rollout.multiturn import sample_episodes
 from scalerl.trainer.data import PromptStream
-from scalerl.trainer.objective import count_units, outcome_advantages, outcome_token_rewards, policy_objective
+from scalerl.trainer.objective import (
+    count_units,
+    outcome_advantages,
+    outcome_token_rewards,
+    policy_objective,
+)
+from scalerl.trainer.reward_step import RewardDefences, score_batch
+
+
+@dataclass
+class StepSamples:
+    """One step's prompts, completions and rewards (row i of the batch), as text."""
+
+    prompts: list[str]
+    completions: list[str]
+    rewards: torch.Tensor  # (B,) what the update used
+    task_rewards: torch.Tensor  # (B,) the environment's own score
 
 
 @dataclass
@@ -36,7 +58,8 @@ class Trainer:
     policy: torch.nn.Module
     reference: torch.nn.Module | None  # None unless a KL term, KL tracking or the KL guard needs it
     critic: torch.nn.Module | None  # PPO: a ValueModel (separate) or a ValueHead on the policy (head)
-    scorer: Any | None  # a RewardModelScorer when reward.model is set
+    scorer: RewardScorer | None  # reward.components (or reward.model alone); None: the environment's reward
+    defences: RewardDefences  # reward workers, cap, diversity penalty (see reward_step.py)
     env: Any
     stream: PromptStream
     sampler: Sampler
@@ -45,6 +68,7 @@ class Trainer:
     kl_ctl: KLController
     generator: torch.Generator
     autocast_dtype: torch.dtype | None
+    last_samples: StepSamples | None = None  # the last step's batch, for the health monitor's collapse dump
 
     def autocast(self):
         if self.autocast_dtype is None:
@@ -177,9 +201,8 @@ def micro_step(t: Trainer, mb: Rollout, targets: Targets, rows: slice, beta: flo
     stats["loss"] = loss.item()
     stats["entropy"] = fwd.entropy.detach()[m].mean().item() if m.any() else 0.0
     if kl is not None:
-        stats["kl"] = kl.detach()[m].mean().item() if m.any() else 0.0
-        trained = mask.sum(1) > 0  # completions masked out by filtering do not dilute the per-completion KL
-        stats["kl_seq"] = (kl.detach() * mask).sum(1)[trained].mean().item() if trained.any() else 0.0
+        stats["kl"] = measured_kl(kl.detach(), mask, "token")
+        stats["kl_seq"] = measured_kl(kl.detach(), mask, "sequence")
     if vloss is not None:
         stats["value_loss"] = vloss.detach()[m].mean().item() if m.any() else 0.0
     return stats
@@ -192,7 +215,7 @@ def apply_update(t: Trainer, lr_scale: float) -> float:
         t.ctx.sum_gradients(t.critic)
     params = [p for group in t.optimizer.param_groups for p in group["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, t.config.optim.max_grad_norm or math.inf).item()
-    if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights; the loop stops on it
+    if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
         for group in t.optimizer.param_groups:
             group["lr"] *= lr_scale  # the KL guard's damping; the scheduler sets the next lr afresh
         t.optimizer.step()
@@ -227,25 +250,23 @@ def train_step(t: Trainer, step: int) -> dict[str, Any]:
     tasks = t.stream.next_batch()
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
                             top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, n=cfg.rollout.group_size)
-    batch = t.sampler.sample([t.tokenizer(task.prompt)["input_ids"] for task in tasks], params, t.generator)
-    completions = completions_of(batch, t.tokenizer)
-    task_rewards = env_rewards(t.env, tasks, batch.group_ids.tolist(), completions).to(t.ctx.device)
-    batch.rewards = task_rewards if t.scorer is None else t.scorer.score(
-        [tasks[g].prompt for g in batch.group_ids.tolist()], [c.text for c in completions],
-        [c.finished for c in completions]).to(t.ctx.device)
+    batch, completions = sample_episodes(t.sampler, t.env, tasks, t.tokenizer, params, t.generator, max_turns=cfg.rollout.max_turns)
+    batch.rewards, task_rewards, reward_metrics = score_batch(t, step, tasks, batch, completions)
+    t.last_samples = StepSamples([tasks[g].prompt for g in batch.group_ids.tolist()], [c.text for c in completions],
+                                 batch.rewards, task_rewards)
     n_tokens = int(batch.completion_mask.sum())  # generated tokens, before any filtering
-    extra = filter_batch(t, tasks, batch)
+    extra = {**reward_metrics, **filter_batch(t, tasks, batch)}
     targets = prepare_targets(t, batch, beta)
     lr_scale = 1.0
     if cfg.algorithm.kl.max_kl is not None:  # the guard: KL(π_θ ‖ π_ref) on this batch before the update
-        m = batch.completion_mask.bool()
         current = batch.sampler_logprobs if targets.old_logprobs is None else targets.old_logprobs
-        pre_kl = kl_estimate(current, targets.ref_logprobs, cfg.algorithm.kl.estimator)[m].mean().item() if m.any() else 0.0
+        kl = kl_estimate(current, targets.ref_logprobs, cfg.algorithm.kl.estimator)
+        pre_kl = measured_kl(kl, batch.completion_mask, cfg.algorithm.kl.level)
         lr_scale = min(1.0, cfg.algorithm.kl.max_kl / pre_kl) if pre_kl > 0 else 1.0
         extra.update(kl_before=pre_kl, kl_guard_scale=lr_scale)
     stats = optimize(t, batch, targets, beta, lr_scale)
     if "kl" in stats:
-        t.kl_ctl.update(stats["kl"], n_steps=len(batch) * t.ctx.world_size)
+        t.kl_ctl.update(stats["kl" if cfg.algorithm.kl.level == "token" else "kl_seq"], n_steps=len(batch) * t.ctx.world_size)
     t.sampler.sync_weights()
     return step_metrics(t, batch, task_rewards, n_tokens, stats, extra, lr=lr, beta=beta, elapsed=time.perf_counter() - start)
 
@@ -274,10 +295,9 @@ def step_metrics(t: Trainer, batch: Rollout, task_rewards: torch.Tensor, n_token
         "tokens": int(tokens),
         "tokens_per_s": tokens / elapsed,
         "step_time_s": elapsed,
+        "task_reward_mean": task_sum / n,  # the environment's own verdict, before fusion, caps and penalties
         **extra,
     }
-    if t.scorer is not None:
-        metrics["task_reward_mean"] = task_sum / n  # the environment's own verdict, beside the reward model's
     if "value_loss" in stats:
         metrics["value_loss"] = stats["value_loss"]
     return metrics

@@ -26,7 +26,8 @@ STATEFUL = {"algorithm.kl.beta": 0.05, "train.epochs": 2, "train.mini_batch_size
 
 
 def _without_timing(rows):
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+    """Drop wall-clock figures: step times and the live time estimate (`time/*`)."""
+    return [{k: v for k, v in row.items() if k not in TIMING and not k.startswith("time/")} for row in rows]
 
 
 def _train(runs, name, resume=False, **extra):
