@@ -18,7 +18,7 @@ from typing import Protocol, Sequence
 import torch
 
 from scalerl.envs.base import Completion, Task
-from scalerl.rewards.safe_call import FunctionWorker
+from scalerl.rewards.safe_call import FunctionWorker, RewardCallError
 
 
 @dataclass(frozen=True)
@@ -30,11 +30,11 @@ class RewardInputs:
     finished: list[bool]  # False: cut off at max_new_tokens
     tasks: list[Task]  # the task of each row (answer, meta)
     group_ids: list[int]
-    env_scores: torch.Tensor  # (B,) the environment's score of each row
+    env_scores: torch.Tensor | None  # (B,) the environment's score of each row; None until computed
 
     @classmethod
     def of(cls, tasks: Sequence[Task], group_ids: list[int], completions: Sequence[Completion],
-           env_scores: torch.Tensor) -> "RewardInputs":
+           env_scores: torch.Tensor | None = None) -> "RewardInputs":
         """Row i is `completions[i]`, answering `tasks[group_ids[i]]`."""
         return cls(prompts=[tasks[g].prompt for g in group_ids], completions=[c.text for c in completions],
                    finished=[c.finished for c in completions], tasks=[tasks[g] for g in group_ids],
@@ -50,6 +50,11 @@ class Component(Protocol):
     name: str
     source: str  # what the scores come from, for messages: 'env', a model folder, or 'module:function'
 
+    def submit(self, inputs: RewardInputs) -> None:
+        """Start scoring in the background where the component can (a function's worker process);
+        `score` then collects. A no-op for components that score in the trainer's process."""
+        ...
+
     def score(self, inputs: RewardInputs) -> torch.Tensor:
         """(B,) float32 on the CPU; NaN where an entry could not be scored."""
         ...
@@ -62,6 +67,9 @@ class Component(Protocol):
 class EnvComponent:
     name: str
     source: str = "env"
+
+    def submit(self, inputs: RewardInputs) -> None:
+        pass  # the trainer computes the environment's scores itself
 
     def score(self, inputs: RewardInputs) -> torch.Tensor:
         return inputs.env_scores.detach().float().cpu()
@@ -79,6 +87,9 @@ class ModelComponent:
         self.name, self.source = name, path
         self.scorer = RewardModelScorer(path, device, batch_size=batch_size, normalize=normalize)
 
+    def submit(self, inputs: RewardInputs) -> None:
+        pass  # scored in the trainer's process, on its device
+
     def score(self, inputs: RewardInputs) -> torch.Tensor:
         return self.scorer.score(inputs.prompts, inputs.completions, inputs.finished).float()
 
@@ -92,10 +103,23 @@ class FunctionComponent:
     def __init__(self, name: str, spec: str, *, timeout_s: float):
         self.name, self.source = name, spec
         self.worker = FunctionWorker(spec, timeout_s)
+        self._error: RewardCallError | None = None
+
+    def submit(self, inputs: RewardInputs) -> None:
+        self._error = None
+        try:
+            self.worker.submit(inputs.prompts, inputs.completions, inputs.function_kwargs())
+        except RewardCallError as err:  # the worker could not start: `score` reports it, contained like any failure
+            self._error = err
 
     def score(self, inputs: RewardInputs) -> torch.Tensor:
-        values = self.worker.call(inputs.prompts, inputs.completions, inputs.function_kwargs())
-        return torch.tensor(values, dtype=torch.float32)
+        """The submitted call's scores, or a call made now when nothing was submitted."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        if not self.worker.pending:
+            self.worker.submit(inputs.prompts, inputs.completions, inputs.function_kwargs())
+        return torch.tensor(self.worker.result(), dtype=torch.float32)
 
     def close(self) -> None:
         self.worker.close()

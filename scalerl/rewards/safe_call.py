@@ -28,6 +28,7 @@ import importlib
 import inspect
 import math
 import multiprocessing as mp
+import time
 import traceback
 from typing import Any, Callable
 
@@ -134,6 +135,7 @@ class FunctionWorker:
         self._process = None
         self._conn = None
         self._ready = False
+        self._pending: tuple[float, int] | None = None  # (time sent, completions) of a submitted call
         self.restarts = 0
         self._start()
 
@@ -181,11 +183,28 @@ class FunctionWorker:
             raise RewardCallError("startup", f"{self.spec}: the worker could not load the function:\n{payload}")
         self._ready = True
 
-    def call(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> list[float]:
-        """One float (NaN for an unusable entry) per completion, within timeout_s, or RewardCallError."""
+    @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    def submit(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> None:
+        """Send one call to the worker without waiting; `result` collects it. Several workers (and
+        the trainer's own scoring) then run at the same time."""
         self.wait_ready()
         self._conn.send((prompts, completions, kwargs, self.timeout_s))
-        if not self._conn.poll(self.timeout_s + GRACE_S):
+        self._pending = (time.monotonic(), len(completions))
+
+    def call(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> list[float]:
+        """One float (NaN for an unusable entry) per completion, within timeout_s, or RewardCallError."""
+        self.submit(prompts, completions, kwargs)
+        return self.result()
+
+    def result(self) -> list[float]:
+        """The submitted call's floats, waiting at most what is left of timeout_s since `submit`."""
+        if self._pending is None:
+            raise RuntimeError(f"{self.spec}: result() without a submitted call")
+        (sent, n), self._pending = self._pending, None
+        if not self._conn.poll(max(self.timeout_s + GRACE_S - (time.monotonic() - sent), 0.0)):
             self._restart()  # a blocked call cannot be interrupted: the process goes, a fresh one comes
             raise RewardCallError("timeout", f"{self.spec} did not return within {self.timeout_s:g} s; its worker was restarted")
         try:
@@ -196,7 +215,7 @@ class FunctionWorker:
             raise RewardCallError("died", f"{self.spec}: the worker process died during the call (exit code {code}); restarted") from None
         if kind != "ok":
             raise RewardCallError(kind, payload)
-        return check_length(payload, len(completions), self.spec)
+        return check_length(payload, n, self.spec)
 
     def close(self) -> None:
         if self._conn is not None and self._process is not None and self._process.is_alive():

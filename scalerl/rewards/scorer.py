@@ -69,6 +69,13 @@ class RewardScorer:
                     "(reported once per kind, counted in reward/%s_failures):\n%s",
                     comp.name, comp.source, kind, fallback, comp.name, message)
 
+    def submit(self, inputs: RewardInputs) -> None:
+        """Start every function component's call in its worker process, so that they run at the same
+        time as each other and as whatever the caller does next (the environment's scoring);
+        `score` collects them. `inputs.env_scores` is not needed yet."""
+        for comp in self.components:
+            comp.submit(inputs)
+
     def component_scores(self, inputs: RewardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores (K, B) float32 with failures replaced by the fallback, failures (K,) counts)."""
         b = len(inputs.completions)

@@ -1,11 +1,13 @@
-"""A step's reward, in order: the environment's score (in `reward.num_workers` processes) →
-the reward components fused (`t.scorer`) → the dynamic cap → the diversity penalty → a sample dump
+"""A step's reward, in order: the function components' calls start in their own processes, the
+environment's score is computed meanwhile (in `reward.num_workers` processes), then the reward
+components are collected and fused (`t.scorer`) → the dynamic cap → the diversity penalty → a sample dump
 every `reward.dump_every` steps. Each piece is off unless configured; with none configured the
 reward is exactly the environment's score.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,13 +62,16 @@ def score_batch(t: Trainer, step: int, tasks: list, batch: Rollout, completions:
     """(rewards (B,), the environment's own scores (B,), reward metrics) for the step's batch."""
     rc, d = t.config.reward, t.defences
     group_ids = batch.group_ids.tolist()
-    env_scores = d.pool.map_scores("env", [(tasks[g], c) for g, c in zip(group_ids, completions)])
+    inputs = RewardInputs.of(tasks, group_ids, completions)
+    if t.scorer is not None:
+        t.scorer.submit(inputs)  # function components start in their own processes ...
+    env_scores = d.pool.map_scores("env", [(tasks[g], c) for g, c in zip(group_ids, completions)])  # ... while the env scores
     task_rewards = torch.tensor(env_scores, dtype=torch.float32)  # (B,)
     metrics: dict = dict(d.pool.pop_metrics())
     if t.scorer is None:
         fused = task_rewards
     else:
-        fused, scorer_metrics = t.scorer.score(RewardInputs.of(tasks, group_ids, completions, task_rewards), t.ctx)
+        fused, scorer_metrics = t.scorer.score(dataclasses.replace(inputs, env_scores=task_rewards), t.ctx)
         fused = fused.float().cpu()
         metrics.update(scorer_metrics)
     rewards = fused

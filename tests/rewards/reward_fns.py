@@ -59,3 +59,9 @@ async def async_length(prompts, completions, **kwargs):
 async def async_hangs(prompts, completions, **kwargs):
     await asyncio.sleep(60)
     return [1.0] * len(completions)
+
+
+def sleeps_half_a_second(prompts, completions, **kwargs):
+    """Scores 1 after 0.5 s (two of these in parallel take 0.5 s, in series 1 s)."""
+    time.sleep(0.5)
+    return [1.0] * len(completions)

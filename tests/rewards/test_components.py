@@ -46,6 +46,25 @@ def test_function_gets_trl_arguments_and_kwargs():
         comp.close()
 
 
+def test_submitted_functions_run_at_the_same_time_as_each_other_and_the_caller():
+    """Two 0.5 s functions, submitted, then 0.5 s of the caller's own work: all three overlap, so
+    collecting both takes ≈ 0.5 s in all instead of 1.5 s in series."""
+    comps = [FunctionComponent(n, "reward_fns:sleeps_half_a_second", timeout_s=10) for n in ("a", "b")]
+    scorer = _scorer(*comps)
+    try:
+        for comp in comps:
+            comp.worker.wait_ready()  # start-up is not what is measured
+        start = time.perf_counter()
+        scorer.submit(_inputs())
+        time.sleep(0.5)  # the trainer scoring the environment meanwhile
+        rewards, metrics = scorer.score(_inputs())
+        elapsed = time.perf_counter() - start
+        assert rewards.tolist() == [2.0] * 4 and metrics["reward/a_failures"] == 0.0
+        assert elapsed < 1.2, elapsed  # in series: ≥ 1.5 s
+    finally:
+        scorer.close()
+
+
 def test_async_function_and_async_timeout_keep_the_worker():
     worker = FunctionWorker("reward_fns:async_length", timeout_s=5)
     hang = FunctionWorker("reward_fns:async_hangs", timeout_s=1)
