@@ -95,10 +95,10 @@ def test_fp8_fails_clearly_on_cpu(runs):
 
 
 def test_a_plugin_environment_trains_through_the_cli(runs):
-    """The README's example environment, loaded as module:Class from PYTHONPATH."""
-    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "env.name=reverse_env:ReverseEnv", "--set", "env.args.n=300",
-                   "--steps", "2", "--name", "plugin", "--set", f"log.run_dir={runs}", "--set", "log.console=none",
-                   "--set", "rollout.prompts_per_step=2", env={"PYTHONPATH": str(ROOT / "examples")})
+    """The README's example environment, loaded as module:Class from PYTHONPATH by `--env_name`."""
+    proc = run_cli("-m", "scalerl.cli.rl_train", "--env_name", "reverse_env:ReverseEnv", "--set", "env.args.n=300",
+                   "--total_timesteps", "32", "--batch_size", "16", "--name", "plugin", "--set", f"log.run_dir={runs}",
+                   "--set", "log.console=none", env={"PYTHONPATH": str(ROOT / "examples")})
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((runs / "plugin" / "summary.json").read_text())
     assert summary["steps"] == 2 and 0.0 <= summary["pass_rate_after"] <= 1.0
