@@ -303,14 +303,14 @@ class HealthCollapseConfig(_Section):
 
 class HealthPlateauConfig(_Section):
     enabled: bool = True
-    patience: int = Field(10, ge=1, description="Alert after this many steps without a new best smoothed reward (and again every `patience` steps).")
+    patience: int = Field(10, ge=1, description="Alert after this many steps without a new best smoothed reward (once; a new best re-arms the alert).")
     min_delta: float = Field(0.01, ge=0, description="A new best must beat the old one by more than this.")
     smooth: int = Field(5, ge=1, description="Smoothed reward: the mean reward_mean of the last `smooth` steps (the rule starts once there are that many).")
 
 
 class HealthGradNormConfig(_Section):
     enabled: bool = True
-    max: float = Field(10.0, gt=0, description="Warn when the (pre-clipping) gradient norm exceeds this.")
+    max: float = Field(10.0, gt=0, description="Warn when the (pre-clipping) gradient norm goes above this (once per excursion: it must come back under first).")
 
 
 class HealthPhaseConfig(_Section):

@@ -116,7 +116,7 @@ class HealthMonitor:
 
     Rules and their event names: `kl_inactive` (info, once), `kl_band` (warning, on leaving the
     band), `kl_explosion` (critical), `nonfinite` (critical), `reward_collapse` (critical),
-    `reward_plateau` (warning), `grad_norm` (warning). A non-finite step is judged by that rule
+    `reward_plateau` (warning, once per plateau), `grad_norm` (warning, once per excursion above the limit). A non-finite step is judged by that rule
     alone and does not enter the histories.
     """
 
@@ -135,6 +135,7 @@ class HealthMonitor:
         self.since_best = 0
         self.nonfinite_streak = 0
         self.nonfinite_first = 0
+        self.grad_above = False
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Add a good step to the histories (also how a resumed run replays metrics.jsonl)."""
@@ -166,6 +167,7 @@ class HealthMonitor:
                                   "consecutive": self.nonfinite_streak})]
         self.nonfinite_streak = 0
         events = self._kl_events(step, metrics.get(cfg.kl.metric)) if cfg.kl.enabled else []
+        was_above = self.grad_above
         if cfg.collapse.enabled:
             collapsed, mu, sigma = reward_collapse(metrics["reward_mean"], self.reward_history, k=cfg.collapse.k,
                                                    margin=cfg.collapse.margin, min_history=cfg.min_history)
@@ -174,13 +176,14 @@ class HealthMonitor:
                                     f"reward_mean {metrics['reward_mean']:.3f} fell below the last {len(self.reward_history)} "
                                     f"steps' {mu:.3f} - {cfg.collapse.k:g} x {sigma:.3f}: check the batch for contaminated data",
                                     values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
-        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max:
+        above, self.grad_above = metrics["grad_norm"] > cfg.grad_norm.max, metrics["grad_norm"] > cfg.grad_norm.max
+        if cfg.grad_norm.enabled and above and not was_above:  # once per excursion above the limit, like kl_band
             events.append(Event(step, "grad_norm", "warning",
                                 f"gradient norm {metrics['grad_norm']:.3g} > {cfg.grad_norm.max:g} (before clipping)",
                                 values={"grad_norm": metrics["grad_norm"], "max": cfg.grad_norm.max}))
         self.observe(step, metrics)
         patience = cfg.plateau.patience
-        if cfg.plateau.enabled and self.since_best and self.since_best % patience == 0:
+        if cfg.plateau.enabled and self.since_best == patience:  # once per plateau: a new best re-arms it
             events.append(Event(step, "reward_plateau", "warning",
                                 f"no new best smoothed reward for {self.since_best} steps (best {self.best:.3f} at step "
                                 f"{self.best_step}, now {statistics.fmean(self.rewards[-cfg.plateau.smooth:]):.3f})",
