@@ -148,7 +148,9 @@ def _run(source: str, level: str, *, timeout_s: float, cpu_s: int, memory_bytes:
         cgroup = _make_pids_cgroup(max_processes)
         if cgroup is not None:
             settings["cgroup"] = str(cgroup)
-        cmd = [sys.executable, "-I", str(CHILD), json.dumps(settings)]
+        # The interpreter's real file, not a venv's symlink to it: the jail replaces /tmp, where a venv may live,
+        # and the child and the program need only the standard library (`-I`: no site-packages, no env vars).
+        cmd = [os.path.realpath(sys.executable), "-I", str(CHILD), json.dumps(settings)]
         start = time.monotonic()
         with os.fdopen(status_r, "rb") as status_file:
             try:

@@ -142,6 +142,7 @@ class HealthMonitor:
         kl = metrics.get(self.config.kl.metric)
         if kl is not None:
             self.kl_history.append(kl)
+        self.grad_above = metrics["grad_norm"] > self.config.grad_norm.max  # an excursion in progress (resume included)
         reward = metrics["reward_mean"]
         self.reward_history.append(reward)
         self.rewards.append(reward)
@@ -176,8 +177,7 @@ class HealthMonitor:
                                     f"reward_mean {metrics['reward_mean']:.3f} fell below the last {len(self.reward_history)} "
                                     f"steps' {mu:.3f} - {cfg.collapse.k:g} x {sigma:.3f}: check the batch for contaminated data",
                                     values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
-        above, self.grad_above = metrics["grad_norm"] > cfg.grad_norm.max, metrics["grad_norm"] > cfg.grad_norm.max
-        if cfg.grad_norm.enabled and above and not was_above:  # once per excursion above the limit, like kl_band
+        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # once per excursion above the limit, like kl_band
             events.append(Event(step, "grad_norm", "warning",
                                 f"gradient norm {metrics['grad_norm']:.3g} > {cfg.grad_norm.max:g} (before clipping)",
                                 values={"grad_norm": metrics["grad_norm"], "max": cfg.grad_norm.max}))
