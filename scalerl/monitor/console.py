@@ -78,8 +78,16 @@ class RunConsole:
             ("steps", str(summary["steps"])),
             ("wall time", f"{summary['wall_time_s']:.1f} s"),
             ("generated tokens/s", f"{summary['tokens_per_s']:.0f}"),
-            ("run directory", summary["run_dir"]),
         ]
+        if summary.get("phase_verdict"):
+            rows.append(("reward curve", summary["phase_verdict"]))
+        if summary.get("health_events"):
+            rows.append(("health events", ", ".join(f"{rule} {n}" for rule, n in summary["health_events"].items()
+                                                     if rule != "phase_verdict") or "none"))
+        if summary.get("time_estimate_rel_error") is not None:
+            rows.append(("time estimate at 10 %", f"{summary['time_estimate_at_10pct_s']:.1f} s "
+                                                    f"({100 * summary['time_estimate_rel_error']:+.1f} % of the actual)"))
+        rows.append(("run directory", summary["run_dir"]))
         for key, value in rows:
             table.add_row(key, value)
         self.console.print(table)
