@@ -297,7 +297,7 @@ class HealthNonFiniteConfig(_Section):
 
 class HealthCollapseConfig(_Section):
     enabled: bool = True
-    k: float = Field(3.0, ge=0, description="Collapse: reward_mean < mean - k*std of the last health.window steps ...")
+    k: float = Field(5.0, ge=0, description="Collapse: reward_mean < mean - k*std of the last health.window steps (healthy 16-prompt batches dip by up to 4 std) ...")
     margin: float = Field(0.1, ge=0, description="... and below that mean by more than this (reward units). Dumps the batch to collapse/step_N.jsonl.")
 
 
