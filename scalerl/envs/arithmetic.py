@@ -13,7 +13,6 @@ sequence or a space (anything after the space is ignored), else 0.0. A completio
 
 from __future__ import annotations
 
-import json
 import operator
 import random
 from pathlib import Path
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalerl.envs.base import Completion, Task
 from scalerl.errors import ScaleRLError
+from scalerl.jsonl import read_objects
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
@@ -50,21 +50,12 @@ class ArithmeticConfig(BaseModel):
 
 def read_tasks(path: Path) -> list[Task]:
     """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`)."""
-    if not path.is_file():
-        raise ScaleRLError(f"task file {path} does not exist: give a JSONL file with 'prompt' and 'answer' fields")
     tasks = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
-            raise ScaleRLError(f"{path}:{i}: expected a JSON object with 'prompt' and 'answer' ({err})") from None
-    if not tasks:
-        raise ScaleRLError(f"task file {path} holds no tasks: add JSONL lines with 'prompt' and 'answer'")
+    for i, row in read_objects(path, expected="'prompt' and 'answer'"):
+        if not isinstance(row.get("prompt"), str) or "answer" not in row:
+            raise ScaleRLError(f"{path}:{i}: needs 'prompt' and 'answer', a string prompt (it has: {', '.join(row) or 'nothing'})")
+        tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
     return tasks
-
 
 class ArithmeticEnv:
     Config = ArithmeticConfig

@@ -21,7 +21,6 @@ pickles, so worker processes may call `score` in parallel.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import secrets
@@ -34,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scalerl.envs.base import Completion, Task
 from scalerl.envs.sandbox import run_sandboxed
 from scalerl.errors import ScaleRLError
+from scalerl.jsonl import read_objects
 
 HARNESS = '''\
 import os, sys
@@ -87,26 +87,15 @@ class CodeConfig(BaseModel):
 def read_code_tasks(path: Path, suffix: str = "") -> list[Task]:
     """Tasks from a JSONL file: `prompt` (str), `tests` (non-empty list of str), optional
     `entry_point` (str); any other field goes to `meta` too."""
-    if not path.is_file():
-        raise ScaleRLError(f"env.args.data_path: {path} does not exist; give a JSONL file with 'prompt' and 'tests'")
     tasks = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            prompt, tests = row.pop("prompt"), row["tests"]
-        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
-            raise ScaleRLError(f"{path}:{i}: expected a JSON object with 'prompt' and 'tests' ({err})") from None
+    for i, row in read_objects(path, expected="'prompt' and 'tests'", where="env.args.data_path"):
+        prompt, tests = row.pop("prompt", None), row.get("tests")
         if not isinstance(prompt, str) or not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
             raise ScaleRLError(f"{path}:{i}: 'prompt' must be a string and 'tests' a non-empty list of strings")
         if not isinstance(row.get("entry_point", ""), str):
             raise ScaleRLError(f"{path}:{i}: 'entry_point' must be a function name (a string)")
         tasks.append(Task(prompt=prompt + suffix, answer=None, meta=row))
-    if not tasks:
-        raise ScaleRLError(f"env.args.data_path: {path} holds no tasks; add JSONL lines with 'prompt' and 'tests'")
     return tasks
-
 
 def extract_code(text: str) -> str:
     """The first fenced ``` block of `text` (an unclosed one runs to the end), else all of it."""

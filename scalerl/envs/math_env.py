@@ -30,7 +30,6 @@ worker processes can call `score`; see `math_answers.py` for the thread rules of
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from scalerl.envs.math_answers import (
 )
 from scalerl.envs.shaping import ShapingConfig, import_partial_credit, shaped_reward
 from scalerl.errors import ScaleRLError
+from scalerl.jsonl import read_objects
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "math_small.jsonl"
 
@@ -84,27 +84,14 @@ class MathConfig(BaseModel):
 
 def read_jsonl_rows(path: Path, columns: tuple[str, str]) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file, each checked to hold both `columns`."""
-    if not path.is_file():
-        raise ScaleRLError(f"env.args.data_path: {path} does not exist; give a JSONL file with one JSON object per line")
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ScaleRLError(f"env.args.data_path: {path} line {i} is not JSON ({err})") from None
-        if not isinstance(row, dict):
-            raise ScaleRLError(f"env.args.data_path: {path} line {i} is not a JSON object")
+    for i, row in read_objects(path, expected=f"'{columns[0]}' and '{columns[1]}'", where="env.args.data_path"):
         for key, column in zip(("prompt_column", "answer_column"), columns):
             if column not in row:
-                raise ScaleRLError(f"env.args.{key}: column '{column}' is missing from {path} line {i} "
+                raise ScaleRLError(f"env.args.{key}: column '{column}' is missing from {path}:{i} "
                                    f"(it has: {', '.join(row) or 'nothing'}); set env.args.{key}")
         rows.append(row)
-    if not rows:
-        raise ScaleRLError(f"env.args.data_path: {path} holds no rows; add JSONL lines with '{columns[0]}' and '{columns[1]}'")
     return rows
-
 
 def first_line(err: Exception) -> str:
     return str(err).splitlines()[0] if str(err) else ""

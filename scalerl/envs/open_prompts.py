@@ -14,7 +14,6 @@ components' configured weights.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import ClassVar
 
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scalerl.envs.base import Completion, Task
 from scalerl.errors import ScaleRLError
+from scalerl.jsonl import read_objects
 
 SHIPPED_PROMPTS = Path(__file__).parent / "data" / "open_prompts.jsonl"
 
@@ -36,24 +36,13 @@ class OpenPromptsConfig(BaseModel):
 
 def read_prompts(path: Path) -> list[Task]:
     """Tasks from a JSONL file with a string `prompt` (optional `answer`; other fields go to `meta`)."""
-    if not path.is_file():
-        raise ScaleRLError(f"prompt file {path} does not exist: give a JSONL file with a 'prompt' field")
     tasks = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ScaleRLError(f"{path}:{i}: not valid JSON ({err.msg}); each line is one {{\"prompt\": ...}} object") from None
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+    for i, row in read_objects(path, expected="a string 'prompt'"):
+        if not isinstance(row.get("prompt"), str):
             raise ScaleRLError(f"{path}:{i}: expected a JSON object with a string 'prompt'")
         answer = row.pop("answer", None)
         tasks.append(Task(prompt=row.pop("prompt"), answer=None if answer is None else str(answer), meta=row))
-    if not tasks:
-        raise ScaleRLError(f"prompt file {path} holds no prompts: add JSONL lines with a 'prompt' field")
     return tasks
-
 
 class OpenPromptsEnv:
     Config = OpenPromptsConfig

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from scalerl.errors import ScaleRLError
+from scalerl.jsonl import read_objects
 from scalerl.models.paths import resolve_model_path
 from scalerl.rewards.rm_config import RewardModelTrainConfig
 
@@ -53,28 +54,14 @@ class Preference:
 
 def load_preferences(path: Path | str) -> list[Preference]:
     """Pairs from a JSONL file with string fields `prompt`, `chosen`, `rejected` (others ignored)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ScaleRLError(f"preference file {path} does not exist: give a JSONL file with 'prompt', 'chosen' and 'rejected'")
     pairs = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ScaleRLError(f"{path}:{i}: not valid JSON ({err.msg}); each line is one {{prompt, chosen, rejected}} object") from None
-        if not isinstance(row, dict):
-            raise ScaleRLError(f"{path}:{i}: expected a JSON object with 'prompt', 'chosen' and 'rejected'")
+    for i, row in read_objects(path, expected="string 'prompt', 'chosen' and 'rejected'"):
         for key in ("prompt", "chosen", "rejected"):
             if not isinstance(row.get(key), str):
                 problem = "missing" if key not in row else f"not a string ({row[key]!r})"
                 raise ScaleRLError(f"{path}:{i}: '{key}' is {problem}; each line needs string 'prompt', 'chosen' and 'rejected'")
         pairs.append(Preference(row["prompt"], row["chosen"], row["rejected"]))
-    if not pairs:
-        raise ScaleRLError(f"preference file {path} holds no pairs: add JSONL lines with 'prompt', 'chosen' and 'rejected'")
     return pairs
-
 
 def bradley_terry_loss(chosen_scores: torch.Tensor, rejected_scores: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Pairwise loss on the scalar rewards (B,) of the chosen and rejected completion of B prompts:

@@ -140,7 +140,7 @@ def test_bad_task_line_names_file_and_line(tmp_path, bad_line):
 def test_empty_task_file(tmp_path):
     path = tmp_path / "empty.jsonl"
     path.write_text("\n\n")
-    with pytest.raises(ScaleRLError, match="holds no tasks"):
+    with pytest.raises(ScaleRLError, match="holds no rows"):
         ArithmeticEnv(ArithmeticConfig(eval_file=path))
 
 

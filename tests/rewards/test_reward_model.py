@@ -77,7 +77,7 @@ def test_load_preferences_reads_the_shipped_set():
     ('{"prompt": "1+1=", "chosen": "2"}\n', [":1:", "'rejected' is missing"]),
     ('{"prompt": "1+1=", "chosen": 2, "rejected": "3"}\n', [":1:", "'chosen' is not a string"]),
     ('["1+1=", "2", "3"]\n', [":1:", "JSON object"]),
-    ("\n\n", ["holds no pairs"]),
+    ("\n\n", ["holds no rows"]),
 ])
 def test_load_preferences_errors_name_file_and_line(tmp_path, content, needles):
     path = tmp_path / "prefs.jsonl"
