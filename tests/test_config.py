@@ -249,3 +249,15 @@ def test_dump_config_round_trips(tmp_path):
     assert again == config
     assert dump_config(again) == text
     assert isinstance(again.log.run_dir, Path)
+
+
+def test_plugin_imports_name_the_key_and_the_problem():
+    from scalerl.plugins import import_function, import_object
+
+    assert import_object("os.path:join", "x") is __import__("os").path.join
+    assert import_function("json:dumps", "reward.components.0.function") is __import__("json").dumps
+    for spec, needle in [("nocolon", "is not 'module:attribute'"), ("no_such_mod_xyz:f", "cannot import module 'no_such_mod_xyz'"),
+                         ("json:nope", "module 'json' has no attribute 'nope'"), ("json:decoder", "is a module, not a function")]:
+        with pytest.raises(ScaleRLError, match=needle) as info:
+            import_function(spec, "some.key")
+        assert str(info.value).startswith("some.key: ")

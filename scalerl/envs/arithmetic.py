@@ -57,16 +57,23 @@ def read_tasks(path: Path) -> list[Task]:
         tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
     return tasks
 
+
+def arithmetic_tasks(min_operand: int, max_operand: int, operators: list[str], split_seed: int) -> list[Task]:
+    """Every `a op b=` with operands in [min_operand, max_operand], in the order of one shuffle by
+    `random.Random(split_seed)`: the first ones are held out, the rest train."""
+    operands = range(min_operand, max_operand + 1)
+    triples = [(a, op, b) for op in operators for a in operands for b in operands]
+    random.Random(split_seed).shuffle(triples)
+    return [Task(prompt=f"{a}{op}{b}=", answer=str(OPERATORS[op](a, b))) for a, op, b in triples]
+
+
 class ArithmeticEnv:
     Config = ArithmeticConfig
 
     def __init__(self, config: ArithmeticConfig | None = None):
         self.config = config or ArithmeticConfig()
         c = self.config
-        operands = range(c.min_operand, c.max_operand + 1)
-        triples = [(a, op, b) for op in c.operators for a in operands for b in operands]
-        random.Random(c.split_seed).shuffle(triples)
-        tasks = [Task(prompt=f"{a}{op}{b}=", answer=str(OPERATORS[op](a, b))) for a, op, b in triples]
+        tasks = arithmetic_tasks(c.min_operand, c.max_operand, c.operators, c.split_seed)
         self._eval = read_tasks(c.eval_file) if c.eval_file else tasks[: c.num_eval]
         self._train = read_tasks(c.train_file) if c.train_file else tasks[c.num_eval :]
 

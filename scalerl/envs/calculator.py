@@ -19,16 +19,14 @@ Reward (binary): 1.0 iff the policy's final turn is exactly the answer, ended by
 from __future__ import annotations
 
 import math
-import operator
-import random
 import re
 from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from scalerl.envs.arithmetic import arithmetic_tasks
 from scalerl.envs.base import Completion, Task
 
-OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 TOOL_CALL = re.compile(r"c:(\d{1,6}(?:[+*-]\d{1,6})*)=?")
 
 
@@ -73,10 +71,7 @@ class CalculatorEnv:
     def __init__(self, config: CalculatorConfig | None = None):
         self.config = config or CalculatorConfig()
         c = self.config
-        operands = range(c.min_operand, c.max_operand + 1)
-        triples = [(a, op, b) for op in c.operators for a in operands for b in operands]
-        random.Random(c.split_seed).shuffle(triples)
-        tasks = [Task(prompt=f"{a}{op}{b}=", answer=str(OPERATORS[op](a, b))) for a, op, b in triples]
+        tasks = arithmetic_tasks(c.min_operand, c.max_operand, c.operators, c.split_seed)
         self._eval, self._train = tasks[: c.num_eval], tasks[c.num_eval:]
 
     def train_tasks(self) -> list[Task]:

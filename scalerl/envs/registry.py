@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,6 +13,7 @@ from scalerl.envs.code import CodeEnv
 from scalerl.envs.math_env import MathEnv
 from scalerl.envs.open_prompts import OpenPromptsEnv
 from scalerl.errors import ScaleRLError
+from scalerl.plugins import import_object
 
 ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv, "calculator": CalculatorEnv, "math": MathEnv, "reward_model": OpenPromptsEnv, "code": CodeEnv}
 
@@ -25,14 +25,7 @@ def resolve_env_class(name: str) -> type:
     if ":" not in name:
         known = ", ".join(sorted(ENVIRONMENTS))
         raise ScaleRLError(f"env.name: unknown environment '{name}'; use one of [{known}] or a plug-in as 'module:Class'")
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ScaleRLError(f"env.name: cannot import module '{module_name}' ({err}); check PYTHONPATH or the spelling") from None
-    cls = getattr(module, attr, None)
-    if cls is None:
-        raise ScaleRLError(f"env.name: module '{module_name}' has no attribute '{attr}'")
+    cls = import_object(name, "env.name", example="my_module:MyEnv")
     for method in ("train_tasks", "eval_tasks", "score"):
         if not callable(getattr(cls, method, None)):
             raise ScaleRLError(f"env.name: {name} is not an environment: it lacks a '{method}' method (see scalerl/envs/base.py)")

@@ -17,13 +17,12 @@ so a correct completion always earns exactly 1, an incorrect one at most `weight
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scalerl.errors import ScaleRLError
+from scalerl.plugins import import_function
 
 PartialCredit = Callable[[Any, Any], float]
 
@@ -51,16 +50,7 @@ def shaped_reward(correct: float, partial: float, weight: float) -> float:
 
 def import_partial_credit(spec: str) -> PartialCredit:
     """The function named by `module:function`, checked to be callable."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ScaleRLError(f"env.args.shaping.function: cannot import module '{module_name}' ({err}); check PYTHONPATH or the spelling") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ScaleRLError(f"env.args.shaping.function: module '{module_name}' has no function '{attr}'")
-    return fn
-
+    return import_function(spec, "env.args.shaping.function")
 
 def unshaped_score(env: Any, task: Any, completion: Any) -> float:
     """The score a pass rate averages: `env.correct(task, completion)` for an environment that shapes

@@ -24,7 +24,6 @@ No torch import here: the config check (`resolve_function`) runs before torch is
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import multiprocessing as mp
@@ -32,7 +31,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from scalerl.errors import ScaleRLError
+from scalerl.plugins import import_function
 
 GRACE_S = 0.5  # beyond timeout_s: pickling the batch and the scores back
 STARTUP_TIMEOUT_S = 120.0  # a fresh worker imports the user's module (which may import torch)
@@ -48,22 +47,7 @@ class RewardCallError(Exception):
 
 def resolve_function(spec: str, where: str = "function") -> Callable[..., Any]:
     """The callable named by 'module:function' (dots allowed on both sides), or a one-line error."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ScaleRLError(f"{where}: '{spec}' is not 'module:function', e.g. my_pkg.rewards:exact_match")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ScaleRLError(f"{where}: cannot import module '{module_name}' ({err}); check PYTHONPATH or the spelling") from None
-    target: Any = module
-    for part in attr.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise ScaleRLError(f"{where}: module '{module_name}' has no attribute '{attr}'")
-    if not callable(target):
-        raise ScaleRLError(f"{where}: '{spec}' is a {type(target).__name__}, not a function")
-    return target
-
+    return import_function(spec, where)
 
 def as_scores(result: Any, spec: str) -> list[float]:
     """A function's result as floats; an entry that is None or not a number becomes NaN (the caller

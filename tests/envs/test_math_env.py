@@ -138,7 +138,7 @@ def test_shaping_config_is_checked():
         ShapingConfig(function="no_colon")
     with pytest.raises(ScaleRLError, match="env.args.shaping.function: cannot import module 'no_such_mod_xyz'"):
         MathEnv(MathConfig(shaping={"weight": 0.1, "function": "no_such_mod_xyz:f"}))
-    with pytest.raises(ScaleRLError, match="has no function 'nope'"):
+    with pytest.raises(ScaleRLError, match="module 'json' has no attribute 'nope'"):
         MathEnv(MathConfig(shaping={"weight": 0.1, "function": "json:nope"}))
 
 
