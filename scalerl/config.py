@@ -236,10 +236,20 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    every: int = Field(50, ge=0, description="Evaluate the held-out greedy pass rate every N steps (and before and after); 0: only before and after.")
+    every: int = Field(50, ge=0, description="Evaluate the held-out pass rate every N steps (and before and after); 0: only before and after.")
     max_tasks: int | None = Field(None, ge=1, description="Evaluate on at most this many held-out tasks.")
-    batch_size: int = Field(256, ge=1)
+    batch_size: int = Field(256, ge=1, description="Held-out tasks per generation call (each brings `samples` completions).")
     max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_new_tokens.")
+    temperature: float = Field(0.0, ge=0, description="0: one greedy completion per task; > 0: sampled completions (with rollout.top_p/top_k), "
+                                                      "the pass rate being their mean (mean@samples, the ScaleRL paper's validation metric).")
+    samples: int = Field(1, ge=1, description="Completions per held-out task; more than 1 needs eval.temperature > 0.")
+
+    @model_validator(mode="after")
+    def _check_samples(self) -> "EvalConfig":
+        if self.samples > 1 and self.temperature == 0:
+            raise ValueError(f"eval.samples={self.samples} with eval.temperature=0 would score {self.samples} identical greedy "
+                             "completions; set eval.temperature (e.g. 1.0) or eval.samples=1")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -311,6 +321,8 @@ class HealthPlateauConfig(_Section):
 class HealthGradNormConfig(_Section):
     enabled: bool = True
     max: float = Field(10.0, gt=0, description="Warn when the (pre-clipping) gradient norm goes above this (once per excursion: it must come back under first).")
+    cooldown: int = Field(100, ge=0, description="Excursions starting within this many steps of the last warning are counted, not announced; "
+                                                  "the next warning says how many there were. 0: warn on every excursion.")
 
 
 class HealthPhaseConfig(_Section):

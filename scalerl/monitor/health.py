@@ -116,8 +116,9 @@ class HealthMonitor:
 
     Rules and their event names: `kl_inactive` (info, once), `kl_band` (warning, on leaving the
     band), `kl_explosion` (critical), `nonfinite` (critical), `reward_collapse` (critical),
-    `reward_plateau` (warning, once per plateau), `grad_norm` (warning, once per excursion above the limit). A non-finite step is judged by that rule
-    alone and does not enter the histories.
+    `reward_plateau` (warning, once per plateau), `grad_norm` (warning, once per excursion above the
+    limit, at most once per `grad_norm.cooldown` steps). A non-finite step is judged by that rule alone
+    and does not enter the histories.
     """
 
     def __init__(self, config: HealthConfig, *, completions_per_step: int):
@@ -136,6 +137,8 @@ class HealthMonitor:
         self.nonfinite_streak = 0
         self.nonfinite_first = 0
         self.grad_above = False
+        self.grad_warned_at: int | None = None
+        self.grad_unannounced = 0
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Add a good step to the histories (also how a resumed run replays metrics.jsonl)."""
@@ -177,10 +180,8 @@ class HealthMonitor:
                                     f"reward_mean {metrics['reward_mean']:.3f} fell below the last {len(self.reward_history)} "
                                     f"steps' {mu:.3f} - {cfg.collapse.k:g} x {sigma:.3f}: check the batch for contaminated data",
                                     values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
-        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # once per excursion above the limit, like kl_band
-            events.append(Event(step, "grad_norm", "warning",
-                                f"gradient norm {metrics['grad_norm']:.3g} > {cfg.grad_norm.max:g} (before clipping)",
-                                values={"grad_norm": metrics["grad_norm"], "max": cfg.grad_norm.max}))
+        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # an excursion starts
+            events += self._grad_norm_event(step, metrics["grad_norm"])
         self.observe(step, metrics)
         patience = cfg.plateau.patience
         if cfg.plateau.enabled and self.since_best == patience:  # once per plateau: a new best re-arms it
@@ -189,6 +190,19 @@ class HealthMonitor:
                                 f"{self.best_step}, now {statistics.fmean(self.rewards[-cfg.plateau.smooth:]):.3f})",
                                 values={"best": self.best, "best_step": self.best_step, "steps_since_best": self.since_best}))
         return events
+
+    def _grad_norm_event(self, step: int, norm: float) -> list[Event]:
+        """A warning for an excursion above the limit, unless the last one was under `cooldown` steps ago (then it is counted)."""
+        cfg = self.config.grad_norm
+        if self.grad_warned_at is not None and step - self.grad_warned_at < cfg.cooldown:
+            self.grad_unannounced += 1
+            return []
+        n = self.grad_unannounced
+        since = f"; {n} more excursion{'s' * (n != 1)} since the warning at step {self.grad_warned_at}" if n else ""
+        event = Event(step, "grad_norm", "warning", f"gradient norm {norm:.3g} > {cfg.max:g} (before clipping){since}",
+                      values={"grad_norm": norm, "max": cfg.max, "unannounced_excursions": self.grad_unannounced})
+        self.grad_warned_at, self.grad_unannounced = step, 0
+        return [event]
 
     def _kl_events(self, step: int, kl: float | None) -> list[Event]:
         cfg = self.config.kl

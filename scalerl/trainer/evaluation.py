@@ -1,4 +1,5 @@
-"""Held-out greedy pass rate (whole episodes for a multi-turn environment)."""
+"""Held-out pass rate: of greedy completions, or the mean over k sampled ones per task (mean@k, the
+metric the ScaleRL paper fits its curves to); whole episodes for a multi-turn environment."""
 
 from __future__ import annotations
 
@@ -15,22 +16,23 @@ from scalerl.rollout.base import Sampler, SamplingParams
 from scalerl.rollout.multiturn import sample_episodes
 
 
-def greedy_pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, *,
-                     max_new_tokens: int, batch_size: int, ctx: DistContext, max_turns: int = 1,
-                     scorer: RewardScorer | None = None) -> float:
-    """Mean reward of greedy completions (episodes of up to `max_turns` turns) on `tasks`; each rank
-    scores its share, counts are summed."""
+def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, *, max_new_tokens: int,
+              batch_size: int, ctx: DistContext, max_turns: int = 1, scorer: RewardScorer | None = None,
+              params: SamplingParams | None = None, generator: torch.Generator | None = None) -> float:
+    """Mean correctness of the completions of `tasks`: `params.n` per task sampled with `params` and
+    `generator`, or one greedy completion when `params` is None. Each rank scores its share of the
+    tasks and the sums are added, so the result is the mean over every task's completions."""
     mine = list(tasks[ctx.rank:: ctx.world_size])
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
+    params = params or SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
     total = 0.0
     for i in range(0, len(mine), batch_size):
         chunk = mine[i: i + batch_size]
-        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, None, max_turns=max_turns)
+        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, generator, max_turns=max_turns)
         # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
         scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(rollout.group_ids.tolist(), completions)],
                               dtype=torch.float32)
         if scorer is not None:  # an environment without a verifier: the fused reward, with the configured weights
             scores = scorer.evaluate(RewardInputs.of(chunk, rollout.group_ids.tolist(), completions, scores))
         total += float(scores.sum())
-    counts = ctx.sum(torch.tensor([total, float(len(mine))], dtype=torch.float64))
+    counts = ctx.sum(torch.tensor([total, float(len(mine) * params.n)], dtype=torch.float64))
     return float(counts[0] / counts[1].clamp(min=1))

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from scalerl.algorithms.kl_control import KLController
@@ -19,9 +20,10 @@ from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
 from scalerl.predict.time_estimate import TimeEstimator
 from scalerl.rewards.sources import env_has_verifier
+from scalerl.rollout.base import SamplingParams
 from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer.data import PromptStream
-from scalerl.trainer.evaluation import greedy_pass_rate
+from scalerl.trainer.evaluation import pass_rate
 from scalerl.trainer.optim import build_optimizer, build_scheduler
 from scalerl.trainer.recovery import HealthGuard
 from scalerl.trainer.reward_step import build_reward_defences
@@ -72,12 +74,25 @@ def build_trainer(config: Config, ctx: DistContext, resume: bool) -> Trainer:
                    optimizer, scheduler, kl_ctl, generator, autocast_dtype)
 
 
-def evaluate(t: Trainer) -> float:
+EVAL_STREAM = 1  # tags the evaluation generators' seeds apart from any other stream
+
+
+def evaluate(t: Trainer, step: int) -> float:
+    """The held-out pass rate after `step` steps: greedy, or mean@eval.samples at eval.temperature. Sampled
+    evaluations draw from their own generator, seeded by (train.seed, step), so they are reproducible and
+    leave the training's sampling stream (and a resumed run's) untouched."""
     cfg = t.config
     tasks = t.env.eval_tasks()[: cfg.eval.max_tasks]
-    return greedy_pass_rate(t.env, tasks, t.sampler, t.tokenizer, ctx=t.ctx, batch_size=cfg.eval.batch_size,
-                            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, max_turns=cfg.rollout.max_turns,
-                            scorer=None if env_has_verifier(cfg.env.name) else t.scorer)  # no verifier: mean fused reward
+    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    params, generator = None, None
+    if cfg.eval.temperature > 0:
+        params = SamplingParams(max_new_tokens=max_new, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
+                                top_k=cfg.rollout.top_k, n=cfg.eval.samples)
+        seed = np.random.SeedSequence([cfg.train.seed, step, t.ctx.rank, EVAL_STREAM]).generate_state(1)[0]
+        generator = torch.Generator(device=t.ctx.device).manual_seed(int(seed))
+    return pass_rate(t.env, tasks, t.sampler, t.tokenizer, ctx=t.ctx, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
+                     max_turns=cfg.rollout.max_turns, params=params, generator=generator,
+                     scorer=None if env_has_verifier(cfg.env.name) else t.scorer)  # no verifier: mean fused reward
 
 
 def save(t: Trainer, step: int, state: dict[str, Any]) -> None:
@@ -136,7 +151,7 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     wall_start = time.perf_counter()
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     if "pass_rate_before" not in state:
-        state["pass_rate_before"] = evaluate(t)
+        state["pass_rate_before"] = evaluate(t, 0)
     last_eval = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
     eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
@@ -148,7 +163,7 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
             metrics.update(health.check(step, metrics))  # events and responses (scalerl/trainer/recovery.py)
             if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
                 eval_start = time.perf_counter()
-                last_eval = metrics["eval/pass_rate"] = evaluate(t)
+                last_eval = metrics["eval/pass_rate"] = evaluate(t, step)
                 metrics["eval_time_s"] = time.perf_counter() - eval_start
                 eval_time += metrics["eval_time_s"]
             elapsed = time.perf_counter() - wall_start

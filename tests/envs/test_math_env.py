@@ -269,7 +269,7 @@ def test_hf_dataset_from_a_save_to_disk_folder(tmp_path):
 
 # --- evaluation sees correctness only ------------------------------------------------------------
 
-def test_greedy_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
+def test_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -278,7 +278,7 @@ def test_greedy_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     from scalerl.models.paths import builtin_model_dir
     from scalerl.rollout.base import SamplingParams
     from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.evaluation import greedy_pass_rate
+    from scalerl.trainer.evaluation import pass_rate
 
     # sums the built-in model half knows: some greedy answers right, the rest wrong numbers
     path = _write_jsonl(tmp_path / "sums.jsonl", [{"prompt": f"{a}+{b}=", "answer": f"\\boxed{{{a + b}}}"}
@@ -288,7 +288,7 @@ def test_greedy_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
     sampler = HFSampler(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
     tasks = env.eval_tasks()
-    rate = greedy_pass_rate(env, tasks, sampler, tokenizer, max_new_tokens=8, batch_size=16, ctx=DistContext())
+    rate = pass_rate(env, tasks, sampler, tokenizer, max_new_tokens=8, batch_size=16, ctx=DistContext())
 
     rollout = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], SamplingParams(max_new_tokens=8, temperature=0.0), None)
     completions = completions_of(rollout, tokenizer)

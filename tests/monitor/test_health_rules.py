@@ -111,6 +111,22 @@ def test_monitor_nonfinite_streak_skips_other_rules():
     assert m.nonfinite_first == 4 and len(m.rewards) == 1  # non-finite steps stay out of the histories
 
 
+def test_monitor_grad_norm_once_per_excursion_and_cooldown():
+    cfg = HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False}, grad_norm={"cooldown": 4})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    norms = [12, 13, 1, 12, 1, 1, 12, 1, 12, 1, 1, 1, 1, 12]
+    fired = {s: r for s, r in _run(m, [_metrics(grad_norm=g) for g in norms]).items() if r}
+    # excursions start at steps 1, 4, 7, 9, 14; 4 is within 4 steps of the warning at 1, so it is counted;
+    # 7 warns (6 steps later) and reports it; 9 is counted; 14 warns and reports that one.
+    assert fired == {1: ["grad_norm"], 7: ["grad_norm"], 14: ["grad_norm"]}
+    m2 = HealthMonitor(cfg, completions_per_step=16)
+    events = [e for s, g in enumerate(norms, 1) for e in m2.evaluate(s, _metrics(grad_norm=g))]
+    assert [e.values["unannounced_excursions"] for e in events] == [0, 1, 1]
+    assert events[1].message == "gradient norm 12 > 10 (before clipping); 1 more excursion since the warning at step 1"
+    every = HealthMonitor(HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, grad_norm={"cooldown": 0}), completions_per_step=16)
+    assert [s for s, r in _run(every, [_metrics(grad_norm=g) for g in norms]).items() if r] == [1, 4, 7, 9, 14]
+
+
 def test_monitor_reward_collapse_and_plateau():
     cfg = HealthConfig(kl={"enabled": False}, plateau={"patience": 3, "smooth": 1, "min_delta": 0.01})
     m = HealthMonitor(cfg, completions_per_step=16)
