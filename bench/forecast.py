@@ -1,7 +1,8 @@
 """Forecasts checked against what the runs then did: final pass rate from the first half, and total time from 10 %.
 
 Runs the real CLI (`scalerl train`: the built-in default job, GRPO on arithmetic) for each seed with
-`--steps` steps, an evaluation every `--eval-every` steps on `--num-eval` held-out prompts, and
+`--steps` steps, an evaluation every `--eval-every` steps on `--num-eval` held-out prompts (greedy, or
+mean@`--eval-samples` at `--eval-temperature`, the metric the ScaleRL paper fits), and
 `--threads` torch threads per run (`--jobs` runs side by side; the machine has 2 cores). Then, per run:
 
 - reward forecast: `forecast_run(run_dir, max_step=steps/2)` fits the sigmoid on the evaluations of
@@ -35,7 +36,8 @@ def train_args(args: argparse.Namespace, seed: int) -> list[str]:
     return ["--set", f"train.seed={seed}", "--set", f"train.steps={args.steps}", "--set", f"eval.every={args.eval_every}",
             "--set", f"env.args.num_eval={args.num_eval}", "--set", f"train.threads={args.threads}",
             "--set", f"log.run_dir={args.runs_dir}", "--name", f"seed{seed}", "--set", "log.console=none",
-            "--set", "log.tensorboard=false", "--set", "checkpoint.save_final=false"]
+            "--set", "log.tensorboard=false", "--set", "checkpoint.save_final=false",
+            "--set", f"eval.temperature={args.eval_temperature}", "--set", f"eval.samples={args.eval_samples}"]
 
 
 def train(args: argparse.Namespace, seed: int) -> subprocess.Popen:
@@ -107,6 +109,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--num-eval", type=int, default=200, help="held-out arithmetic prompts per evaluation")
+    ap.add_argument("--eval-temperature", type=float, default=0.0, help="0: greedy pass rate; > 0: mean@--eval-samples")
+    ap.add_argument("--eval-samples", type=int, default=1, help="completions per held-out prompt (the paper fits mean@16)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1, help="runs trained side by side")
     ap.add_argument("--skip-train", action="store_true")
