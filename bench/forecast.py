@@ -37,7 +37,8 @@ def train_args(args: argparse.Namespace, seed: int) -> list[str]:
             "--set", f"env.args.num_eval={args.num_eval}", "--set", f"train.threads={args.threads}",
             "--set", f"log.run_dir={args.runs_dir}", "--name", f"seed{seed}", "--set", "log.console=none",
             "--set", "log.tensorboard=false", "--set", "checkpoint.save_final=false",
-            "--set", f"eval.temperature={args.eval_temperature}", "--set", f"eval.samples={args.eval_samples}"]
+            "--set", f"eval.temperature={args.eval_temperature}", "--set", f"eval.samples={args.eval_samples}",
+            *[a for item in args.set for a in ("--set", item)]]
 
 
 def train(args: argparse.Namespace, seed: int) -> subprocess.Popen:
@@ -66,6 +67,17 @@ def analyse(run_dir: Path, half: int) -> dict:
     row: dict = {"run": run_dir.name, "pass_rate_before": summary["pass_rate_before"], "pass_rate_after": summary["pass_rate_after"],
                  "time_estimate_at_10pct_s": summary["time_estimate_at_10pct_s"], "time_actual_s": summary["time_actual_s"],
                  "time_rel_error": summary["time_estimate_rel_error"], "forecasts": []}
+    from scalerl.monitor.metrics import read_metrics
+
+    from scalerl.config import HealthConfig
+    from scalerl.monitor.health import HealthMonitor
+
+    evals = [(0, summary["pass_rate_before"])] + [(r["step"], r["eval/pass_rate"]) for r in read_metrics(run_dir)
+                                                   if r.get("eval/pass_rate") is not None]
+    row["evals"] = evals
+    row["last_5_evals"] = [p for _, p in evals[-5:]]  # how much the pass rate moves between neighbouring evaluations at the end
+    monitor = HealthMonitor(HealthConfig(), completions_per_step=1)  # the pass_rate_drop rule with its defaults, replayed
+    row["pass_rate_drop_alarms"] = [step for step, p in evals if monitor.evaluate_pass_rate(step, p)]
     for key in ("steps", "tokens"):
         c_final, measured = final_eval(run_dir, key)
         for warmup in (0.0, 0.1, 0.2):
@@ -84,6 +96,11 @@ def analyse(run_dir: Path, half: int) -> dict:
     return row
 
 
+def default_forecast(run: dict) -> dict:
+    """The forecast `scalerl predict` makes by default: compute = steps, warm-up 0.1, grid then refinement."""
+    return next(f for f in run["forecasts"] if (f["compute"], f["warmup_frac"], f["method"]) == ("steps", 0.1, "grid"))
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Forecasts against outcomes, {report['date']}", "", f"`{report['command']}`", "",
              "## Total wall time: estimate made at 10 % of the run vs measured", "",
@@ -98,6 +115,15 @@ def markdown(report: dict) -> str:
             band = f"{f['band_95'][0]:.3f}–{f['band_95'][1]:.3f}" if "band_95" in f else ""
             lines.append(f"| {r['run']} | {f['compute']} | {f['warmup_frac']:.1f} | {f['method']} | {f['A']:.3f} | {f['B']:.2f} | "
                          f"{f['C_mid']:.4g} | {f['n_points']} | {f['predicted']:.3f} | {f['measured']:.3f} | {f['error']:+.3f} | {band} |")
+    lines += ["", "## The last 5 evaluations of each run (the measured value above is the last)", "",
+              "The default forecast (steps, warm-up 0.1, grid) against the last evaluation and against the",
+              "level the run ended at, the mean of its last 5 evaluations:", "",
+              "| run | last 5 pass rates | spread (max − min) | mean | predicted | error vs last | error vs mean of last 5 |",
+              "|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        last, f = r["last_5_evals"], default_forecast(r)
+        lines.append(f"| {r['run']} | {' '.join(f'{v:.3f}' for v in last)} | {max(last) - min(last):.3f} | {statistics.fmean(last):.3f} | "
+                     f"{f['predicted']:.3f} | {f['error']:+.3f} | {f['predicted'] - statistics.fmean(last):+.3f} |")
     lines += ["", "## Summary", ""] + [f"- {k}: {v}" for k, v in report["summary"].items()]
     return "\n".join(lines) + "\n"
 
@@ -113,6 +139,8 @@ def main() -> None:
     ap.add_argument("--eval-samples", type=int, default=1, help="completions per held-out prompt (the paper fits mean@16)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=1, help="runs trained side by side")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides for every run, e.g. preset=scalerl")
+    ap.add_argument("--tag", default="", help="appended to the results' file name")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
@@ -126,10 +154,13 @@ def main() -> None:
                     sys.exit(proc.stderr.read())
                 print(f"seed {seed}: trained ({time.perf_counter() - start:.1f} s since its batch started)", file=sys.stderr, flush=True)
     rows = [analyse(args.runs_dir / f"seed{seed}", half=args.steps // 2) for seed in args.seeds]
-    default = [f for r in rows for f in r["forecasts"] if f["compute"] == "steps" and f["warmup_frac"] == 0.1 and f["method"] == "grid"]
+    default = [default_forecast(r) for r in rows]
     summary = {
         "time: max |error| of the estimate at 10 %": f"{100 * max(abs(r['time_rel_error']) for r in rows):.1f} %",
-        "reward (steps, warm-up 0.1, grid+refine): max |error|": f"{max(abs(f['error']) for f in default):.3f}",
+        "reward (steps, warm-up 0.1, grid+refine): max |error| vs the last evaluation": f"{max(abs(f['error']) for f in default):.3f}",
+        "reward: the same vs the mean of the last 5 evaluations":
+            f"{max(abs(f['predicted'] - statistics.fmean(r['last_5_evals'])) for f, r in zip(default, rows)):.3f}",
+        "health rule pass_rate_drop (defaults) replayed on the evaluations: alarms": {r["run"]: r["pass_rate_drop_alarms"] for r in rows},
         "reward: median |error| by setting": {
             f"{c}/{w}/{m}": round(statistics.median(abs(f["error"]) for r in rows for f in r["forecasts"]
                                                     if (f["compute"], f["warmup_frac"], f["method"]) == (c, w, m)), 3)
@@ -141,7 +172,8 @@ def main() -> None:
               "runs": rows, "summary": summary}
     print(json.dumps(summary, indent=1))
     if args.save:
-        out = ROOT / "bench" / "results" / f"forecast_{args.steps}steps_{report['date']}"
+        metric = f"_mean{args.eval_samples}" if args.eval_temperature > 0 else ""  # greedy runs keep the plain name
+        out = ROOT / "bench" / "results" / f"forecast_{args.steps}steps{metric}{args.tag and '_' + args.tag}_{report['date']}"
         out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         out.with_suffix(".md").write_text(markdown(report))
         print(f"wrote {out}.json and .md", file=sys.stderr)

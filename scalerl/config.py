@@ -325,6 +325,13 @@ class HealthGradNormConfig(_Section):
                                                   "the next warning says how many there were. 0: warn on every excursion.")
 
 
+class HealthPassRateDropConfig(_Section):
+    enabled: bool = True
+    max_drop: float = Field(0.2, gt=0, description="Critical when the held-out pass rate is more than this below its best so far "
+                                                   "(step 0 included) on `evals` evaluations in a row; once per best (a new best re-arms it).")
+    evals: int = Field(2, ge=1, description="Consecutive evaluations that must be that low (one low evaluation is often a passing swing).")
+
+
 class HealthPhaseConfig(_Section):
     min_steps: int = Field(8, ge=4, description="Steps needed for a phase verdict (from the last half of the reward curve).")
     t_threshold: float = Field(2.0, gt=0, description="rising/falling: |slope / its standard error| above this ...")
@@ -343,6 +350,7 @@ class HealthConfig(_Section):
     collapse: HealthCollapseConfig = Field(default_factory=HealthCollapseConfig)
     plateau: HealthPlateauConfig = Field(default_factory=HealthPlateauConfig)
     grad_norm: HealthGradNormConfig = Field(default_factory=HealthGradNormConfig)
+    pass_rate_drop: HealthPassRateDropConfig = Field(default_factory=HealthPassRateDropConfig)
     phase: HealthPhaseConfig = Field(default_factory=HealthPhaseConfig)
 
 

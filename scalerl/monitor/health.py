@@ -117,8 +117,9 @@ class HealthMonitor:
     Rules and their event names: `kl_inactive` (info, once), `kl_band` (warning, on leaving the
     band), `kl_explosion` (critical), `nonfinite` (critical), `reward_collapse` (critical),
     `reward_plateau` (warning, once per plateau), `grad_norm` (warning, once per excursion above the
-    limit, at most once per `grad_norm.cooldown` steps). A non-finite step is judged by that rule alone
-    and does not enter the histories.
+    limit, at most once per `grad_norm.cooldown` steps), and `pass_rate_drop` (critical, judged on each
+    held-out evaluation by `evaluate_pass_rate`). A non-finite step is judged by that rule alone and
+    does not enter the histories.
     """
 
     def __init__(self, config: HealthConfig, *, completions_per_step: int):
@@ -139,9 +140,15 @@ class HealthMonitor:
         self.grad_above = False
         self.grad_warned_at: int | None = None
         self.grad_unannounced = 0
+        self.best_pass_rate: float | None = None
+        self.best_pass_rate_step = 0
+        self.low_evals = 0  # evaluations in a row more than pass_rate_drop.max_drop below the best
+        self.drop_said = False
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Add a good step to the histories (also how a resumed run replays metrics.jsonl)."""
+        if metrics.get("eval/pass_rate") is not None:
+            self.evaluate_pass_rate(step, metrics["eval/pass_rate"])
         kl = metrics.get(self.config.kl.metric)
         if kl is not None:
             self.kl_history.append(kl)
@@ -190,6 +197,23 @@ class HealthMonitor:
                                 f"{self.best_step}, now {statistics.fmean(self.rewards[-cfg.plateau.smooth:]):.3f})",
                                 values={"best": self.best, "best_step": self.best_step, "steps_since_best": self.since_best}))
         return events
+
+    def evaluate_pass_rate(self, step: int, pass_rate: float) -> list[Event]:
+        """The `pass_rate_drop` rule on a held-out evaluation (step 0: the one before training)."""
+        cfg = self.config.pass_rate_drop
+        if self.best_pass_rate is None or pass_rate > self.best_pass_rate:
+            self.best_pass_rate, self.best_pass_rate_step, self.low_evals, self.drop_said = pass_rate, step, 0, False
+            return []
+        self.low_evals = self.low_evals + 1 if pass_rate < self.best_pass_rate - cfg.max_drop else 0
+        if not cfg.enabled or self.drop_said or self.low_evals < cfg.evals:
+            return []
+        self.drop_said = True
+        return [Event(step, "pass_rate_drop", "critical",
+                      f"held-out pass rate {pass_rate:.3f} is more than {cfg.max_drop:g} below its best {self.best_pass_rate:.3f} "
+                      f"(step {self.best_pass_rate_step}) for {self.low_evals} evaluations in a row: the policy is degrading; "
+                      f"its best weights are the checkpoint nearest step {self.best_pass_rate_step}",
+                      values={"pass_rate": pass_rate, "best": self.best_pass_rate, "best_step": self.best_pass_rate_step,
+                              "low_evals": self.low_evals})]
 
     def _grad_norm_event(self, step: int, norm: float) -> list[Event]:
         """A warning for an excursion above the limit, unless the last one was under `cooldown` steps ago (then it is counted)."""

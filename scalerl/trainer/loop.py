@@ -147,11 +147,12 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start_step)
     if resume:
         console.print(f"resumed from step {start_step} in {t.run_dir}")
-    health = HealthGuard(t, console.print, resume_after=start_step if resume else None)
+    health = HealthGuard(t, console.print, resume_after=start_step if resume else None, pass_rate_before=state.get("pass_rate_before"))
     wall_start = time.perf_counter()
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     if "pass_rate_before" not in state:
         state["pass_rate_before"] = evaluate(t, 0)
+        health.check_pass_rate(0, state["pass_rate_before"])  # the best so far starts at the untrained model's
     last_eval = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
     eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
@@ -166,6 +167,7 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
                 last_eval = metrics["eval/pass_rate"] = evaluate(t, step)
                 metrics["eval_time_s"] = time.perf_counter() - eval_start
                 eval_time += metrics["eval_time_s"]
+                metrics.update(health.check_pass_rate(step, last_eval))
             elapsed = time.perf_counter() - wall_start
             if (total_s := eta.update(step, elapsed_s=elapsed, step_time_s=metrics["step_time_s"], eval_time_s=metrics.get("eval_time_s"),
                                       save_time_total_s=save_time)) is not None:

@@ -92,13 +92,16 @@ def dump_samples(t: Trainer, step: int) -> str:
 class HealthGuard:
     """Runs the health rules after every step, applies the responses and logs the events."""
 
-    def __init__(self, t: Trainer, printer: Callable[[str], None], *, resume_after: int | None = None):
+    def __init__(self, t: Trainer, printer: Callable[[str], None], *, resume_after: int | None = None,
+                 pass_rate_before: float | None = None):
         self.t, self.cfg = t, t.config.health
         self.monitor = HealthMonitor(self.cfg, completions_per_step=t.config.batch_size * t.ctx.world_size)
         self.log = EventLog(t.run_dir, write=t.ctx.is_main, printer=lambda m: printer(escape(m)),
                             webhook_url=self.cfg.webhook_url, webhook_timeout_s=self.cfg.webhook_timeout_s,
                             resume_after=resume_after)
         if resume_after and (t.run_dir / "metrics.jsonl").exists():  # the windows continue where the run left off
+            if pass_rate_before is not None:
+                self.monitor.evaluate_pass_rate(0, pass_rate_before)
             for row in read_metrics(t.run_dir):
                 if row["step"] <= resume_after and row["loss"] is not None and row["grad_norm"] is not None:
                     self.monitor.observe(row["step"], row)
@@ -135,6 +138,13 @@ class HealthGuard:
         every = cfg.nonfinite.snapshot_every
         if finite and every and step % every == 0:
             self.snapshot = take_snapshot(t, step)
+        return self.log.metrics()
+
+    def check_pass_rate(self, step: int, pass_rate: float) -> dict[str, float]:
+        """The held-out pass-rate rule after an evaluation (step 0: the one before training); returns the `health/*` metrics."""
+        if self.cfg.enabled:
+            for event in self.monitor.evaluate_pass_rate(step, pass_rate):
+                self.log.emit(event)
         return self.log.metrics()
 
     def _cool_kl(self, step: int, event: Event) -> None:

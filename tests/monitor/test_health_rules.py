@@ -127,6 +127,24 @@ def test_monitor_grad_norm_once_per_excursion_and_cooldown():
     assert [s for s, r in _run(every, [_metrics(grad_norm=g) for g in norms]).items() if r] == [1, 4, 7, 9, 14]
 
 
+def test_monitor_pass_rate_drop_needs_consecutive_low_evaluations():
+    m = HealthMonitor(HealthConfig(), completions_per_step=16)
+    rates = [(0, 0.30), (50, 0.60), (100, 0.35), (150, 0.62), (200, 0.41), (250, 0.40), (300, 0.30), (350, 0.70), (400, 0.45), (450, 0.52)]
+    fired = {step: m.evaluate_pass_rate(step, r) for step, r in rates}
+    # best 0.60 then 0.62: 0.35 is 0.25 below but alone; 0.41 and 0.40 are 0.21-0.22 below the best 0.62 twice in a
+    # row: one alert (0.30 next is not another); 0.70 is a new best and re-arms it; 0.45 < 0.50 but 0.52 is not.
+    assert {s: [e.rule for e in ev] for s, ev in fired.items() if ev} == {250: ["pass_rate_drop"]}
+    ev = fired[250][0]
+    assert ev.severity == "critical" and ev.values == {"pass_rate": 0.40, "best": 0.62, "best_step": 150, "low_evals": 2}
+    assert "nearest step 150" in ev.message
+    # resumed runs replay metrics.jsonl through observe: the same state
+    replay = HealthMonitor(HealthConfig(), completions_per_step=16)
+    replay.evaluate_pass_rate(0, 0.30)
+    for step, r in rates[1:]:
+        replay.observe(step, _metrics(**{"eval/pass_rate": r}))
+    assert (replay.best_pass_rate, replay.best_pass_rate_step, replay.low_evals) == (m.best_pass_rate, m.best_pass_rate_step, m.low_evals)
+
+
 def test_monitor_reward_collapse_and_plateau():
     cfg = HealthConfig(kl={"enabled": False}, plateau={"patience": 3, "smooth": 1, "min_delta": 0.01})
     m = HealthMonitor(cfg, completions_per_step=16)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_overrides
 
+from conftest import tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.envs.scoring import completions_of

@@ -160,3 +160,23 @@ def test_grad_norm_plateau_phase_and_webhook_in_one_run(runs, monkeypatch, capsy
     assert [p["rule"] for p in posted] == [e["rule"] for e in events if e["severity"] != "info"]  # alerts only
     out = capsys.readouterr().out
     assert "health warning at step 3, reward_plateau" in out and f"reward curve: {summary['phase_verdict']}" in out
+
+
+def test_scrambled_weights_fire_pass_rate_drop(runs, monkeypatch):
+    """Noise added to every weight before step 3 wrecks the model: the next two held-out evaluations
+    are far below the step-0 one, and the second of them raises the critical event."""
+    def scramble(t, step):
+        if step == 3:
+            with torch.no_grad():
+                for p in t.policy.parameters():
+                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+
+    t, summary, rows, events = _run(runs, "drop", monkeypatch, scramble,
+                                    **{"eval.every": 1, "train.steps": 5, "health.pass_rate_drop.max_drop": 0.1})
+    passes = [summary["pass_rate_before"]] + [r["eval/pass_rate"] for r in rows]
+    assert max(passes[:3]) > 0.1 and max(passes[3:]) < max(passes[:3]) - 0.1, passes  # measured: 0.125, 0.125, 0.1875, then 0.0
+    [event] = [e for e in events if e["rule"] == "pass_rate_drop"]
+    best = max(range(3), key=lambda i: passes[i])
+    assert event["step"] == 4 and event["severity"] == "critical" and event["low_evals"] == 2
+    assert (event["best"], event["best_step"], event["pass_rate"]) == (passes[best], best, passes[4])
+    assert [r["health/pass_rate_drop"] for r in rows if "health/pass_rate_drop" in r] == [1.0, 1.0]  # steps 4 and 5
