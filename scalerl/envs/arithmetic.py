@@ -33,7 +33,7 @@ class ArithmeticConfig(BaseModel):
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
-    num_eval: int = Field(200, ge=1, description="Held-out prompts for the greedy pass rate.")
+    num_eval: int = Field(200, ge=1, description="Held-out prompts for the pass rate (eval.*).")
     split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training prompts.")
     train_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated training pool.")
     eval_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated held-out set.")
