@@ -16,14 +16,13 @@ from scalerl.rollout.base import Sampler, SamplingParams
 from scalerl.rollout.multiturn import sample_episodes
 
 
-def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, *, max_new_tokens: int,
-              batch_size: int, ctx: DistContext, max_turns: int = 1, scorer: RewardScorer | None = None,
-              params: SamplingParams | None = None, generator: torch.Generator | None = None) -> float:
-    """Mean correctness of the completions of `tasks`: `params.n` per task sampled with `params` and
-    `generator`, or one greedy completion when `params` is None. Each rank scores its share of the
-    tasks and the sums are added, so the result is the mean over every task's completions."""
+def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, params: SamplingParams,
+              generator: torch.Generator | None = None, *, batch_size: int, ctx: DistContext, max_turns: int = 1,
+              scorer: RewardScorer | None = None) -> float:
+    """Mean correctness of `params.n` completions per task, sampled with `params` and `generator`
+    (temperature 0: greedy). Each rank scores its share of the tasks and the sums are added, so the
+    result is the mean over every task's completions."""
     mine = list(tasks[ctx.rank:: ctx.world_size])
-    params = params or SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=1)
     total = 0.0
     for i in range(0, len(mine), batch_size):
         chunk = mine[i: i + batch_size]

@@ -83,16 +83,15 @@ def evaluate(t: Trainer, step: int) -> float:
     leave the training's sampling stream (and a resumed run's) untouched."""
     cfg = t.config
     tasks = t.env.eval_tasks()[: cfg.eval.max_tasks]
-    max_new = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
-    params, generator = None, None
+    params = SamplingParams(max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens, temperature=cfg.eval.temperature,
+                            top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, n=cfg.eval.samples)
+    generator = None
     if cfg.eval.temperature > 0:
-        params = SamplingParams(max_new_tokens=max_new, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
-                                top_k=cfg.rollout.top_k, n=cfg.eval.samples)
         seed = np.random.SeedSequence([cfg.train.seed, step, t.ctx.rank, EVAL_STREAM]).generate_state(1)[0]
         generator = torch.Generator(device=t.ctx.device).manual_seed(int(seed))
-    return pass_rate(t.env, tasks, t.sampler, t.tokenizer, ctx=t.ctx, batch_size=cfg.eval.batch_size, max_new_tokens=max_new,
-                     max_turns=cfg.rollout.max_turns, params=params, generator=generator,
-                     scorer=None if env_has_verifier(cfg.env.name) else t.scorer)  # no verifier: mean fused reward
+    scorer = None if env_has_verifier(cfg.env.name) else t.scorer  # no verifier: the mean fused reward
+    return pass_rate(t.env, tasks, t.sampler, t.tokenizer, params, generator, ctx=t.ctx, batch_size=cfg.eval.batch_size,
+                     max_turns=cfg.rollout.max_turns, scorer=scorer)
 
 
 def save(t: Trainer, step: int, state: dict[str, Any]) -> None:

@@ -288,7 +288,7 @@ def test_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
     sampler = HFSampler(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
     tasks = env.eval_tasks()
-    rate = pass_rate(env, tasks, sampler, tokenizer, max_new_tokens=8, batch_size=16, ctx=DistContext())
+    rate = pass_rate(env, tasks, sampler, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), batch_size=16, ctx=DistContext())
 
     rollout = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], SamplingParams(max_new_tokens=8, temperature=0.0), None)
     completions = completions_of(rollout, tokenizer)

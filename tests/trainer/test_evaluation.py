@@ -24,8 +24,7 @@ def test_mean_at_k_is_the_mean_over_every_sampled_completion(runs):
     t = _trainer(runs, "meank")
     tasks = t.env.eval_tasks()[:12]
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=4)
-    rate = pass_rate(t.env, tasks, t.sampler, t.tokenizer, max_new_tokens=8, batch_size=5, ctx=DistContext(), params=params,
-                     generator=torch.Generator().manual_seed(3))
+    rate = pass_rate(t.env, tasks, t.sampler, t.tokenizer, params, torch.Generator().manual_seed(3), batch_size=5, ctx=DistContext())
     # by hand: the same 48 draws (batches of 5, 5 and 2 tasks from the same generator), scored one by one
     generator, correct = torch.Generator().manual_seed(3), []
     for i in range(0, 12, 5):
@@ -35,7 +34,8 @@ def test_mean_at_k_is_the_mean_over_every_sampled_completion(runs):
     assert len(correct) == 48
     assert rate == pytest.approx(sum(correct) / 48)
     assert 0 < rate < 1  # the built-in model is right on some sums, not all: the draws differ
-    greedy = pass_rate(t.env, tasks, t.sampler, t.tokenizer, max_new_tokens=8, batch_size=5, ctx=DistContext())
+    greedy = pass_rate(t.env, tasks, t.sampler, t.tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), batch_size=5,
+                       ctx=DistContext())
     assert greedy * 12 == pytest.approx(round(greedy * 12))  # one completion per task
 
 
