@@ -33,7 +33,7 @@ CONFIGS = {
 
 def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, threads: int, tmp: Path) -> dict:
     from scalerl.config import load_config
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
     from scalerl.trainer.loop import train
 
     run_name = f"{name.replace(':', '-')}-s{seed}"

@@ -50,7 +50,7 @@ def train(args: argparse.Namespace, seed: int) -> subprocess.Popen:
 
 def final_eval(run_dir: Path, key: str) -> tuple[float, float]:
     """(compute at the last evaluation, its pass rate), compute being the step or the cumulative tokens."""
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
 
     tokens, last = 0, None
     for row in read_metrics(run_dir):
@@ -67,7 +67,7 @@ def analyse(run_dir: Path, half: int) -> dict:
     row: dict = {"run": run_dir.name, "pass_rate_before": summary["pass_rate_before"], "pass_rate_after": summary["pass_rate_after"],
                  "time_estimate_at_10pct_s": summary["time_estimate_at_10pct_s"], "time_actual_s": summary["time_actual_s"],
                  "time_rel_error": summary["time_estimate_rel_error"], "forecasts": []}
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
 
     from scalerl.config import HealthConfig
     from scalerl.monitor.health import HealthMonitor

@@ -43,7 +43,7 @@ def measure(name: str) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scalerl.models.logprobs import completion_forward
-    from scalerl.rollout.base import Rollout
+    from scalerl.types import Rollout
 
     torch.set_num_threads(1)
     base_rss = psutil.Process().memory_info().rss

@@ -54,7 +54,7 @@ def band_stats(kl: list[float], low: float, high: float, prefix: str) -> dict:
 def run_seed(args: argparse.Namespace, rm_dir: Path, runs_dir: Path, seed: int) -> dict:
     """One PPO run against the reward model; the row of figures for that seed."""
     from scalerl.config import load_config
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
     from scalerl.trainer.loop import train
 
     summary = train(load_config(overrides={

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from scalerl.envs.arithmetic import ArithmeticEnv
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.rewards.workers import RewardPool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,7 +38,7 @@ def main() -> None:
     torch.set_num_threads(2)
 
     from scalerl.config import load_config
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
     from scalerl.trainer.loop import train
 
     run_name = f"scalerl_seed{args.seed}_{os.getpid()}"

@@ -5,7 +5,7 @@
 
 from pydantic import BaseModel
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 
 
 class ReverseConfig(BaseModel):

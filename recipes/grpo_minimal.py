@@ -6,11 +6,12 @@ GRPO, on CPU, in about a minute, and prints the held-out greedy pass rate before
     python recipes/grpo_minimal.py [--steps 150] [--seed 0]
 
 What the full trainer (`scalerl train`, scalerl/trainer/loop.py) adds and this file leaves out:
-YAML config and validation, the reference model and KL penalty (β = 0 here, the common choice for
-verifiable rewards), several optimisation epochs and micro-batches per step (one update per
-sampled batch here, so the importance ratio is exactly 1), LR schedules, checkpoints and resume,
-TensorBoard, the progress bar, and torch.distributed. The advantage, loss and log-prob functions
-are the very ones the trainer calls.
+YAML config and validation, the split into a rollout side and a learner that exchange versioned
+batches, the reference model and KL penalty (β = 0 here, the common choice for verifiable rewards),
+several optimisation epochs and micro-batches per step (one update per freshly sampled batch here,
+so π_old = π_θ and the importance ratio is exactly 1), LR schedules, checkpoints and resume,
+TensorBoard, the progress bar, and torch.distributed. The advantage, objective (`rl_objective`)
+and log-prob functions are the very ones the trainer calls.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from scalerl.algorithms.advantages import group_advantages
-from scalerl.algorithms.losses import grpo_loss
+from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.envs.arithmetic import ArithmeticEnv
 from scalerl.envs.scoring import score_rollout
 from scalerl.models.paths import builtin_model_dir
 from scalerl.models.logprobs import completion_logprobs
-from scalerl.rollout.base import SamplingParams
+from scalerl.types import SamplingParams, derive_seed
 from scalerl.rollout.hf import HFSampler
 
 
@@ -47,7 +48,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
-    generator = torch.Generator().manual_seed(args.seed)
 
     # --- setup: model, tokenizer, environment, sampler, optimizer -------------------------------
     tokenizer = AutoTokenizer.from_pretrained(builtin_model_dir())
@@ -64,7 +64,8 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         # 1. sample: `group` completions for each of `prompts` prompts, (B, T) with B = prompts * group
         tasks = [pool[((step - 1) * args.prompts + i) % len(pool)] for i in range(args.prompts)]
-        batch = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], params, generator)
+        seeds = [derive_seed(args.seed, step, i) for i in range(args.prompts)]  # one per prompt: reproducible draws
+        batch = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], params, seeds)
 
         # 2. score: one scalar reward per completion, (B,)
         rewards = score_rollout(env, tasks, batch, tokenizer)
@@ -75,7 +76,9 @@ def main() -> None:
         # 4. loss: clipped surrogate, mean over all completion tokens of the batch. One update per
         #    fresh batch means π_old = π_θ, so old_logprobs is just the detached current value.
         logprobs, _ = completion_logprobs(policy, batch)  # (B, T)
-        loss, stats = grpo_loss(logprobs, logprobs.detach(), advantages, batch.completion_mask)
+        inputs = ObjectiveInputs(logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=advantages,
+                                 loss_mask=batch.completion_mask)
+        loss, _ = rl_objective(inputs, policy_loss="clip", clip_eps_low=0.2, clip_eps_high=0.2, loss_agg="token")
 
         # 5. update
         optimizer.zero_grad()

@@ -17,16 +17,20 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from scalerl.errors import ScaleRLError
+from scalerl.plan import BatchPlan, PrecisionPolicy, batch_plan, precision_policy
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Frozen: the config is read, never written, once built; what changes during a run (a health
+    # response's lr cut or clipping) is the learner's state (scalerl/trainer/learner.py).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelConfig(_Section):
@@ -70,6 +74,7 @@ class KLConfig(_Section):
     beta_target: float = Field(0.0, ge=0, description="progressive: beta reached at the end of phase 3.")
     max_kl: float | None = Field(None, gt=0, description="Guard: a step whose measured KL (at `level`, before the update) exceeds this has its learning rate scaled by max_kl / KL.")
     in_reward: bool = Field(False, description="ppo only: subtract beta*KL from the per-token reward (classic RLHF) instead of adding it to the loss.")
+    with_ratio: bool = Field(False, description="Multiply the per-token KL by the importance ratio pi_theta/pi_old (TRL's use_bias_correction_kl; DeepSeek-V3.2's unbiased KL for off-policy batches).")
 
     @property
     def needs_reference(self) -> bool:
@@ -79,11 +84,15 @@ class KLConfig(_Section):
 class _Objective(_Section):
     """What every objective shares: aggregation, KL, entropy bonus, off-policy cap, data-side filters."""
 
-    loss_agg: Literal["token", "sequence", "prompt"] = Field(
-        "token", description="token: mean over all tokens of the batch; sequence: per completion, then over completions; prompt: per prompt's group, then over prompts.")
+    loss_agg: Literal["token", "sequence", "prompt", "constant"] = Field(
+        "token", description="token: mean over all tokens of the batch; sequence: per completion, then over completions; prompt: per prompt's group, "
+                             "then over prompts; constant: sum over tokens / (completions x rollout.max_new_tokens), Dr. GRPO's constant normaliser.")
     kl: KLConfig = Field(default_factory=KLConfig)
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract coef * entropy per token.")
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract coef x the mini-batch's token-mean entropy (whatever loss_agg is, as TRL).")
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling: weight tokens by min(pi_old / pi_sampler, cap).")
+    off_policy_mask: float | None = Field(None, gt=0, description="Off-policy sequence mask (DeepSeek-V3.2; TRL off_policy_mask_threshold): drop a negative-advantage "
+                                                                  "completion whose mean per-token log(pi_sampler / pi_theta) exceeds this; null disables.")
+    mask_truncated_completions: bool = Field(False, description="Train on no token of a completion cut off at rollout.max_new_tokens (TRL's mask_truncated_completions).")
     zero_variance_filter: bool = Field(False, description="Drop groups whose rewards are all equal (they carry no signal).")
     retire_pass_rate: float | None = Field(None, gt=0, le=1, description="No-positive-resampling: a prompt whose group pass rate reaches this leaves the pool.")
 
@@ -91,6 +100,9 @@ class _Objective(_Section):
 class _Clipped(_Objective):
     clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
     clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high (DAPO clip-higher when larger).")
+    importance_level: Literal["token", "sequence"] = Field(
+        "token", description="token: one ratio per token; sequence: the completion's geometric-mean ratio for all its tokens (GSPO; use small clips, e.g. 3e-4/4e-4).")
+    delta: float | None = Field(None, gt=1, description="Two-sided clip (INTELLECT-2): the unclipped ratio is also capped at delta, bounding negative-advantage updates; null disables.")
 
 
 class GRPOConfig(_Clipped):
@@ -421,26 +433,40 @@ class Config(_Section):
             raise ValueError(f"preset {data['preset']} uses algorithm.name={preset['algorithm']['name']}; drop algorithm.name={wanted} or the preset")
         return _merge(preset, data)
 
+    _plan: BatchPlan = PrivateAttr()
+    _precision: PrecisionPolicy = PrivateAttr()
+
     @model_validator(mode="after")
-    def _check_batches(self) -> "Config":
-        batch = self.rollout.prompts_per_step * self.rollout.group_size
-        mini = self.train.mini_batch_size or batch
-        micro = self.train.micro_batch_size or mini
-        if batch % mini:
-            raise ValueError(f"train.mini_batch_size ({mini}) must divide the batch of {batch} completions (rollout.prompts_per_step x rollout.group_size)")
-        if mini % micro:
-            raise ValueError(f"train.micro_batch_size ({micro}) must divide train.mini_batch_size ({mini})")
-        if self.algorithm.loss_agg == "prompt" and micro % self.rollout.group_size:
-            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({micro}) to be a multiple of "
+    def _derive(self) -> "Config":
+        """Derive once, when the config is built: every consumer reads these, none re-derives them."""
+        self._plan = batch_plan(prompts=self.rollout.prompts_per_step, group_size=self.rollout.group_size,
+                                mini_batch_size=self.train.mini_batch_size, micro_batch_size=self.train.micro_batch_size,
+                                epochs=self.train.epochs, steps=self.train.steps)
+        self._precision = precision_policy(self.train.precision, fp32_lm_head=self.model.fp32_lm_head)
+        return self
+
+    @model_validator(mode="after")
+    def _check_objective(self) -> "Config":
+        if self.algorithm.loss_agg == "prompt" and self._plan.micro_batch_size % self.rollout.group_size:
+            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({self._plan.micro_batch_size}) to be a multiple of "
                              f"rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
         if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         return self
 
     @property
+    def plan(self) -> BatchPlan:
+        """Batch sizes and updates per step (scalerl/plan.py)."""
+        return self._plan
+
+    @property
+    def precision(self) -> PrecisionPolicy:
+        return self._precision
+
+    @property
     def batch_size(self) -> int:
         """Completions sampled per step and process."""
-        return self.rollout.prompts_per_step * self.rollout.group_size
+        return self._plan.batch_size
 
 
 def _location(loc: tuple) -> tuple:
@@ -534,7 +560,9 @@ def override_items(overrides: list[str] | dict[str, Any] | None):
 
 
 def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, validated; raises ScaleRLError with a one-line message."""
+    """Defaults <- YAML file <- overrides, validated against the schema; raises ScaleRLError with a
+    one-line message. What the config names outside itself (environment options, model folders,
+    reward functions) is checked by `scalerl.checks.check_config`."""
     tree = read_yaml_mapping(path, "model:, env:, ...")
     items = override_items(overrides)
     for key, value in items:
@@ -543,18 +571,6 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
         config = Config.model_validate(tree)
     except ValidationError as err:
         raise ScaleRLError(_format_error(err)) from None
-    from scalerl.envs.registry import validate_env_args
-    from scalerl.models.paths import resolve_model_path
-
-    validate_env_args(config.env.name, config.env.args)
-    resolve_model_path(config.model.path)  # a missing local folder fails here, before anything loads
-    if config.model.tokenizer:
-        resolve_model_path(config.model.tokenizer, "model.tokenizer")
-    if config.reward.model:
-        resolve_model_path(config.reward.model, "reward.model")
-    from scalerl.rewards.sources import check_reward_sources
-
-    check_reward_sources(config)
     return config
 
 

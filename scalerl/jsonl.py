@@ -37,3 +37,10 @@ def read_objects(path: Path | str, *, expected: str, where: str | None = None) -
     if not rows:
         raise ScaleRLError(f"{prefix}{path} holds no rows; add JSONL lines with {expected}")
     return rows
+
+
+def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
+    """The rows of a run's metrics.jsonl, one dict per logged step (the monitor writes it; the
+    forecasts, the report and the health replay read it)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

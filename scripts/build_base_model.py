@@ -47,7 +47,7 @@ def build_model(tokenizer, seed: int) -> LlamaForCausalLM:
 
 @torch.no_grad()
 def greedy_pass_rate(model, tokenizer, env: ArithmeticEnv) -> float:
-    from scalerl.envs.base import Completion
+    from scalerl.types import Completion
 
     tasks = env.eval_tasks()
     enc = tokenizer([t.prompt for t in tasks], return_tensors="pt", padding=True)

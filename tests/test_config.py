@@ -6,13 +6,15 @@ from pathlib import Path
 
 import pytest
 
+from scalerl.checks import check_config
 from scalerl.config import Config, dump_config, load_config, parse_override
 from scalerl.errors import ScaleRLError
 
 
 def _error(path=None, overrides=None) -> str:
+    """The one-line error of building the config and checking what it names (as the CLI does)."""
     with pytest.raises(ScaleRLError) as info:
-        load_config(path, overrides)
+        check_config(load_config(path, overrides))
     return str(info.value)
 
 

@@ -156,7 +156,16 @@ def gae(
         return adv, (adv + v) * mask
 
 
-def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(3,) float64: [n, Σ x, Σ x²] over the masked entries; summed over ranks, they give `whiten`
+    the global batch's mean and variance."""
+    m = mask.to(torch.float64)
+    x = values.detach().to(torch.float64)
+    return torch.stack([m.sum(), (x * m).sum(), (x.square() * m).sum()])
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8,
+           moments: torch.Tensor | None = None) -> torch.Tensor:
     """Normalise over the masked entries (as TRL's masked_whiten, used for PPO advantages):
 
         μ = mean_m(x),  σ² = var_m(x) (Bessel),  x̂ = (x − μ) / sqrt(σ² + eps)   (+ μ if not shift_mean)
@@ -164,13 +173,21 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     Args:
         values: (B, T).
         mask: (B, T), 1 on the entries that count.
+        moments: `masked_moments` of the whole batch (e.g. summed over ranks); default: of `values`.
+            Then σ² = (Σx² − n μ²) / (n − 1).
     Returns:
         (B, T), 0 on masked-out entries.
     """
     m = mask.to(values.dtype)
-    n = m.sum()
-    mean = (values * m).sum() / n.clamp(min=1.0)
-    var = ((values - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+    if moments is None:
+        n = m.sum()
+        mean = (values * m).sum() / n.clamp(min=1.0)
+        var = ((values - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+    else:
+        n, total, squares = moments.tolist()
+        mean = total / max(n, 1.0)
+        var = max(squares - n * mean * mean, 0.0) / max(n - 1.0, 1.0)
+        mean, var = values.new_tensor(mean), values.new_tensor(var)
     out = (values - mean) * torch.rsqrt(var + eps)  # (B, T)
     if not shift_mean:
         out = out + mean

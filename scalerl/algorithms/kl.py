@@ -49,12 +49,18 @@ def measured_kl(kl: torch.Tensor, mask: torch.Tensor, level: Literal["token", "s
         sequence:  (1/|S|) Σ_{i∈S} Σ_t m_it · kl_it,  S = {i : Σ_t m_it > 0}   (KL of a completion)
 
     Rows with no unmasked token (e.g. filtered groups) count in neither. 0.0 for an empty mask.
+    `masked_kl` is the same as a detached 0-dim tensor (no host synchronisation).
     """
-    m = mask.to(kl.dtype)
-    if level == "token":
-        total = m.sum()
-        return ((kl * m).sum() / total).item() if total > 0 else 0.0
-    if level == "sequence":
-        rows = m.sum(1) > 0
-        return (kl * m).sum(1)[rows].mean().item() if rows.any() else 0.0
+    return masked_kl(kl, mask, level).item()
+
+
+def masked_kl(kl: torch.Tensor, mask: torch.Tensor, level: Literal["token", "sequence"] = "token") -> torch.Tensor:
+    """`measured_kl` as a detached 0-dim tensor."""
+    with torch.no_grad():
+        m = mask.to(kl.dtype)
+        if level == "token":
+            return (kl * m).sum() / m.sum().clamp(min=1.0)
+        if level == "sequence":
+            rows = (m.sum(1) > 0).to(kl.dtype)  # (B,) completions with a trained token
+            return ((kl * m).sum(1) * rows).sum() / rows.sum().clamp(min=1.0)
     raise ValueError(f"unknown KL level {level!r}; use token or sequence")

@@ -9,6 +9,7 @@ or one per token (B, T)), `loss_mask` (1 on completion tokens that are trained o
 
 Each objective returns per-token values (B, T) and leaves the reduction to `aggregate`, so any
 objective combines with any aggregation level; `policy_stats` computes the detached diagnostics.
+`scalerl.algorithms.objective.rl_objective` composes these pieces into the one training loss.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from typing import Literal
 
 import torch
 
-from scalerl.algorithms.kl import KLEstimator, kl_estimate
-
-LossAgg = Literal["token", "sequence", "prompt"]
+LossAgg = Literal["token", "sequence", "prompt", "constant"]
+ImportanceLevel = Literal["token", "sequence"]
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:
@@ -33,12 +33,19 @@ def aggregate(
     level: LossAgg,
     normalizer: float | torch.Tensor | None = None,
     group_ids: torch.Tensor | None = None,
+    *,
+    max_new_tokens: int | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values (B, T) to a scalar.
 
         token:    Σ_i Σ_t m_it v_it / D                                   D = Σ_i Σ_t m_it by default
         sequence: Σ_i (Σ_t m_it v_it / Σ_t m_it) / D                      D = B by default
         prompt:   Σ_g (Σ_{i∈g} Σ_t m_it v_it / Σ_{i∈g} Σ_t m_it) / D      D = number of groups by default
+        constant: Σ_i Σ_t m_it v_it / D                                   D = B · max_new_tokens by default
+
+    "constant" is Dr. GRPO's length-independent normaliser (Liu et al., 2025, "Understanding R1-Zero-
+    like training"; TRL's loss_type="dr_grpo"): no completion's tokens are up- or down-weighted by its
+    own length. It needs `max_new_tokens` unless `normalizer` is given.
 
     "prompt" is the ScaleRL paper's prompt-level aggregation (Khatri et al., 2025): a token mean
     inside each prompt's group, then a mean over prompts. It needs `group_ids` (B,), where
@@ -68,9 +75,79 @@ def aggregate(
             counts = values.new_zeros(n_groups).index_add(0, group, mask.sum(dim=1))  # (G,)
             total = (sums / counts.clamp(min=1.0)).sum()
             denom = n_groups if normalizer is None else normalizer
+        case "constant":
+            if normalizer is None and max_new_tokens is None:
+                raise ValueError("constant aggregation needs max_new_tokens or a normalizer")
+            total = (values * mask).sum()
+            denom = values.shape[0] * max_new_tokens if normalizer is None else normalizer
         case _:
-            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence or prompt")
+            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
     return total / max(float(denom), 1.0) if not torch.is_tensor(denom) else total / denom.clamp(min=1.0)
+
+
+def aggregation_units(
+    loss_mask: torch.Tensor,
+    level: LossAgg,
+    group_ids: torch.Tensor | None = None,
+    max_new_tokens: int | None = None,
+) -> torch.Tensor:
+    """How many units of `level` a batch holds, as a 0-dim tensor: summed over micro-batches and
+    ranks it is the global `normalizer` to pass to `aggregate`.
+
+        token:    trained tokens              sequence: completions with a trained token
+        prompt:   distinct group ids among completions with a trained token
+        constant: rows · max_new_tokens       (Dr. GRPO's B · L, empty rows included)
+    """
+    has_tokens = loss_mask.sum(1) > 0  # (B,)
+    match level:
+        case "token":
+            return loss_mask.sum()
+        case "sequence":
+            return has_tokens.sum()
+        case "prompt":
+            if group_ids is None:
+                raise ValueError("prompt-level aggregation needs group_ids")
+            return torch.tensor(group_ids[has_tokens].unique().numel(), device=loss_mask.device)
+        case "constant":
+            if max_new_tokens is None:
+                raise ValueError("constant aggregation needs max_new_tokens")
+            return torch.tensor(loss_mask.shape[0] * max_new_tokens, device=loss_mask.device)
+    raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
+
+
+def mask_truncated(loss_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Drop completions that hit the length limit from the loss (DAPO's overlong filtering, Yu et
+    al., 2025; TRL's mask_truncated_completions): row i of `loss_mask` (B, T) becomes 0 where
+    `truncated` (B,) bool is True. A truncated completion has no final answer, so its reward says
+    little about its tokens."""
+    return loss_mask * (~truncated.bool()).unsqueeze(1).to(loss_mask.dtype)  # (B, T)
+
+
+def importance_log_ratio(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    level: ImportanceLevel = "token",
+) -> torch.Tensor:
+    """Log importance ratio of π_θ against π_old (π_old is data: stop-gradient).
+
+        token:    log ρ_it = log π_θ(y_it) − sg(log π_old(y_it))                         (B, T)
+        sequence: log s_i  = Σ_t m_it log ρ_it / Σ_t m_it                                 (B, 1)
+
+    "sequence" is GSPO's length-normalised sequence ratio s_i = (π_θ(y_i) / π_old(y_i))^{1/|y_i|}
+    (Zheng et al., 2025, eq. 7; TRL's importance_sampling_level="sequence"); it needs `loss_mask`
+    and broadcasts over the tokens, so every token of a completion shares one ratio (and one clip).
+    """
+    log_ratio = logprobs - old_logprobs.detach()  # (B, T)
+    match level:
+        case "token":
+            return log_ratio
+        case "sequence":
+            if loss_mask is None:
+                raise ValueError("sequence-level importance ratios need loss_mask")
+            m = loss_mask.to(log_ratio.dtype)
+            return (log_ratio * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+    raise ValueError(f"unknown importance level {level!r}; use token or sequence")
 
 
 def clipped_surrogate(
@@ -80,26 +157,43 @@ def clipped_surrogate(
     *,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
+    delta: float | None = None,
+    loss_mask: torch.Tensor | None = None,
+    importance_level: ImportanceLevel = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate, per token (Schulman et al., 2017, eq. 7; DAPO's clip-higher when
     eps_high > eps_low, Yu et al., 2025).
 
-        ρ_t = exp(log π_θ(y_t) − sg(log π_old(y_t)))
-        ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)
+        ρ_t = exp(log π_θ(y_t) − sg(log π_old(y_t)))            (or GSPO's sequence ratio, see below)
+        ℓ_t = −min(min(ρ_t, δ) Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â)
+
+    `delta` is INTELLECT-2's two-sided clip (Prime Intellect, 2025; TRL's `delta`): the unclipped
+    branch is capped at δ (> 1 + ε_high) too, so a negative-advantage token whose ratio has run away
+    contributes the constant −δÂ with no gradient instead of an unbounded −ρÂ. The cap is applied
+    after the ε-clip is formed, as in TRL. With δ = None, min(ρ, δ) = ρ.
+
+    `importance_level="sequence"` uses `importance_log_ratio(..., "sequence")` (GSPO); it needs
+    `loss_mask`.
 
     Args:
         logprobs, old_logprobs: (B, T).
         advantages: (B,) one per completion, or (B, T) per token.
     Returns:
-        per_token ℓ (B, T), and `clipped` (B, T) bool: the clipped branch is the minimum (its
-        gradient is zero), as TRL counts clip_frac. A = 0 is never clipped.
+        per_token ℓ (B, T), and `clipped` (B, T) bool: a clip took the token's gradient away (the
+        ε-clipped branch is the minimum, as TRL counts clip_frac, or the δ cap bound). A = 0 is
+        never clipped.
     """
     adv = _per_token(advantages)  # (B, 1) or (B, T)
-    ratio = torch.exp(logprobs - old_logprobs.detach())  # (B, T)
-    unclipped = ratio * adv
+    ratio = torch.exp(importance_log_ratio(logprobs, old_logprobs, loss_mask, importance_level))  # (B, T) or (B, 1)
     clipped_obj = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high) * adv
-    per_token = -torch.minimum(unclipped, clipped_obj)  # (B, T)
-    return per_token, (clipped_obj < unclipped).detach()
+    capped = ratio if delta is None else ratio.clamp(max=delta)  # after clipped_obj, as TRL orders it
+    unclipped = capped * adv
+    per_token = -torch.minimum(unclipped, clipped_obj)
+    clipped = clipped_obj < unclipped
+    if delta is not None:
+        clipped = clipped | ((ratio > delta) & (adv != 0))
+    shape = logprobs.shape  # a sequence-level ratio (B, 1) is broadcast over the tokens
+    return per_token.expand(shape), clipped.detach().expand(shape)
 
 
 def cispo_objective(
@@ -108,6 +202,8 @@ def cispo_objective(
     advantages: torch.Tensor,
     *,
     eps_max: float = 5.0,
+    loss_mask: torch.Tensor | None = None,
+    importance_level: ImportanceLevel = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO, per token (MiniMax-M1, 2025; the ScaleRL paper's choice, Khatri et al., 2025).
 
@@ -118,6 +214,7 @@ def cispo_objective(
     keeps a gradient −sg(min(ρ_t, ε_max)) Â ∇log π_θ(y_t) (PPO's clip zeroes it instead). The
     paper's 1/Σ|y| normalisation is `aggregate(..., "token")`, applied by the caller. The value of
     ℓ is not meaningful by itself (it scales with log π); only its gradient is.
+    `importance_level="sequence"` weights every token by the GSPO sequence ratio (needs `loss_mask`).
 
     Args:
         logprobs, old_logprobs: (B, T).
@@ -126,10 +223,10 @@ def cispo_objective(
         per_token ℓ (B, T), and `clipped` (B, T) bool: ρ_t > ε_max (the weight was truncated).
     """
     with torch.no_grad():
-        ratio = torch.exp(logprobs - old_logprobs)  # (B, T)
-        weight = ratio.clamp(max=eps_max)  # (B, T), no lower bound
+        ratio = torch.exp(importance_log_ratio(logprobs, old_logprobs, loss_mask, importance_level))  # (B, T) or (B, 1)
+        weight = ratio.clamp(max=eps_max)  # no lower bound
     per_token = -weight * _per_token(advantages) * logprobs  # (B, T)
-    return per_token, ratio > eps_max
+    return per_token, (ratio > eps_max).expand(logprobs.shape)
 
 
 def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, *, cap: float) -> torch.Tensor:
@@ -143,6 +240,34 @@ def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Ten
     """
     with torch.no_grad():
         return torch.exp(old_logprobs - sampler_logprobs).clamp(max=cap)  # (B, T)
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    sampler_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (DeepSeek-AI, 2025, §3.1; TRL's
+    off_policy_mask_threshold): drop a completion whose advantage is negative when the policy has
+    drifted far from the one that sampled it.
+
+        KL_i = Σ_t m_it (log π_sampler(y_it) − sg(log π_θ(y_it))) / Σ_t m_it
+        M_i  = 1[Â_i ≥ 0  or  KL_i ≤ threshold]
+
+    Negative samples the current policy would no longer produce push it in directions that say
+    little; positive ones are kept whatever their drift. Returns (B, 1) float, detached, to multiply
+    into the per-token objective; with per-token advantages (B, T) it is (B, T) (each token's own
+    sign, the row's KL), as TRL broadcasts. A token whose sampler log-prob is NaN (not scored by the
+    engine) counts as zero drift.
+    """
+    with torch.no_grad():
+        m = loss_mask.to(logprobs.dtype)
+        drift = torch.nan_to_num(sampler_logprobs - logprobs, nan=0.0)  # (B, T)
+        kl = (drift * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        return ((_per_token(advantages) >= 0) | (kl <= threshold)).to(logprobs.dtype)  # (B, 1) or (B, T)
 
 
 def value_loss(
@@ -172,6 +297,8 @@ def policy_stats(
     old_logprobs: torch.Tensor,
     clipped: torch.Tensor,
     loss_mask: torch.Tensor,
+    *,
+    log_ratio: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Detached diagnostics, means over the trained tokens (all (B, T) inputs):
 
@@ -179,67 +306,26 @@ def policy_stats(
         approx_kl  = mean(e^Δ − 1 − Δ),  Δ = log π_θ − log π_old   (k3 estimate of KL(π_old ‖ π_θ),
                                                                    PPO implementations' approx_kl)
         ratio_mean = mean(ρ), ratio_max = max(ρ)                   (1.0 when no token is trained)
+
+    ρ is exp(`log_ratio`) when given (the ratio the objective used: GSPO's (B, 1) sequence ratio
+    broadcast over tokens), else exp(Δ). approx_kl is always per token. No host synchronisation.
     """
     with torch.no_grad():
         mask = loss_mask.bool()
         n = mask.sum().clamp(min=1)
-        log_ratio = logprobs - old_logprobs  # (B, T)
-        ratio = torch.exp(log_ratio)
+        delta = logprobs - old_logprobs  # (B, T)
+        ratio = torch.exp(delta if log_ratio is None else log_ratio).expand(delta.shape)  # (B, T)
+        ratio_max = ratio.masked_fill(~mask, 0.0).max() if ratio.numel() else ratio.new_tensor(1.0)
         return {
             "clip_frac": (clipped.bool() & mask).sum() / n,
-            "approx_kl": ((torch.expm1(log_ratio) - log_ratio) * mask).sum() / n,
+            "approx_kl": ((torch.expm1(delta) - delta) * mask).sum() / n,
             "ratio_mean": (ratio * mask).sum() / n,
-            "ratio_max": ratio.masked_fill(~mask, 0.0).max() if mask.any() else ratio.new_tensor(1.0),
+            "ratio_max": torch.where(mask.any(), ratio_max, ratio.new_tensor(1.0)),
         }
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    clip_eps_low: float = 0.2,
-    clip_eps_high: float = 0.2,
-    ref_logprobs: torch.Tensor | None = None,
-    beta: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
-    loss_agg: LossAgg = "token",
-    normalizer: float | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """GRPO clipped surrogate with an optional KL penalty (DeepSeekMath eq. 3; DAPO's
-    clip-higher when eps_high > eps_low).
-
-        ρ_t = exp(log π_θ(y_t) − log π_old(y_t))
-        ℓ_t = −min(ρ_t Â, clip(ρ_t, 1 − ε_low, 1 + ε_high) Â) + β · KL_t(π_θ ‖ π_ref)
-        L   = aggregate(ℓ, loss_mask)
-
-    π_old is under stop-gradient (it is data). With one update per sampled batch ρ ≡ 1 and the
-    gradient is the plain policy gradient −Â ∇log π_θ. Prompt-level aggregation needs group ids:
-    compose `clipped_surrogate`, `kl_estimate` and `aggregate` directly for it.
-
-    Args:
-        logprobs, old_logprobs, loss_mask: (B, T).
-        advantages: (B,) one per completion, or (B, T) per token.
-        ref_logprobs: (B, T), required when beta > 0.
-        normalizer: see `aggregate`.
-    Returns:
-        The scalar loss and detached diagnostics: clip_frac, approx_kl (to π_old), ratio_mean/max
-        (see `policy_stats`), kl (to π_ref, whenever ref_logprobs is given).
-    """
-    if beta > 0 and ref_logprobs is None:
-        raise ValueError("beta > 0 needs ref_logprobs")
-    per_token, clipped = clipped_surrogate(
-        logprobs, old_logprobs, advantages, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high
-    )  # (B, T)
-    kl = None
-    if ref_logprobs is not None:  # with beta = 0 the KL is only measured
-        kl = kl_estimate(logprobs, ref_logprobs.detach(), kl_estimator)  # (B, T)
-        per_token = per_token + beta * kl
-    loss = aggregate(per_token, loss_mask, loss_agg, normalizer)
-
-    stats = policy_stats(logprobs, old_logprobs, clipped, loss_mask)
-    if kl is not None:
-        with torch.no_grad():
-            stats["kl"] = (kl * loss_mask.bool()).sum() / loss_mask.bool().sum().clamp(min=1)
-    return loss, stats
+def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Σ m·v / Σ m over trained tokens, detached, 0-dim (0 when nothing is trained). For diagnostics."""
+    with torch.no_grad():
+        m = loss_mask.to(values.dtype)
+        return (values * m).sum() / m.sum().clamp(min=1.0)

@@ -35,10 +35,11 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool) -> None:
     """Build the config, then print it (--dry-run) or train."""
+    from scalerl.checks import check_config
     from scalerl.config import dump_config, load_config
 
     def go() -> None:
-        config = load_config(config_path, overrides)
+        config = check_config(load_config(config_path, overrides))
         if dry_run:
             print(dump_config(config), end="")
             return

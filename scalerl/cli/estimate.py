@@ -51,6 +51,7 @@ def estimate(
     """Memory per component (weights, gradients, AdamW, activations, KV cache, reference, critic), GPUs, hours, cost."""
 
     def go() -> None:
+        from scalerl.checks import check_config
         from scalerl.config import load_config
         from scalerl.predict.cost import efficiency_for, run_cost, throughput_from_run
         from scalerl.predict.memory import (
@@ -61,11 +62,11 @@ def estimate(
             shape_of_model_path,
         )
 
-        cfg = load_config(config, list(set_))
+        cfg = check_config(load_config(config, list(set_)))
         if model_size is not None and model_size.lower() not in MODEL_PRESETS:
             raise ScaleRLError(f"--model-size: {model_size!r} is not one of {', '.join(MODEL_PRESETS)}")
         shape = MODEL_PRESETS[model_size.lower()] if model_size else shape_of_model_path(cfg.model.path)
-        micro = cfg.train.micro_batch_size or cfg.train.mini_batch_size or cfg.batch_size
+        micro = cfg.plan.micro_batch_size
         algo = cfg.algorithm
         mem = estimate_memory(shape, precision=precision or cfg.train.precision, optim_8bit=optim_8bit, micro_batch=micro,
                               prompt_len=prompt_len if prompt_len is not None else _prompt_len(cfg),

@@ -40,6 +40,16 @@ class DistContext:
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
         return reduced.to(values.device)
 
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """Every rank's `values` (same shape on all ranks) concatenated along dim 0 in rank order,
+        on the device `values` came from: a batch statistic over the global batch."""
+        if not self.active:
+            return values
+        local = values.to(self.device).contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(parts, local)
+        return torch.cat(parts).to(values.device)
+
     def sum_gradients(self, model: torch.nn.Module) -> None:
         """Sum gradients over ranks. The loss is already divided by the *global* token (or
         sequence) count, so the sum, not the mean, gives the gradient of the global batch."""

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
 

@@ -28,41 +28,11 @@ as `module:Class`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
 
 from pydantic import BaseModel
 
-
-@dataclass(frozen=True)
-class Task:
-    """One prompt and what its verifier needs."""
-
-    prompt: str
-    answer: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """What the policy produced for a task, as the environment sees it.
-
-    `text` is the decoded completion up to (not including) the end-of-sequence token; `finished` is
-    False when generation stopped at `max_new_tokens` instead. In a multi-turn episode `text` and
-    `token_ids` span every turn and observation (the EOS ending each earlier turn included), and
-    `turns` is the transcript: policy turn, observation, ..., policy turn, each turn without its EOS;
-    single-turn completions leave `turns` empty.
-    """
-
-    text: str
-    token_ids: tuple[int, ...]
-    finished: bool
-    turns: tuple[str, ...] = ()
-
-    @property
-    def final_turn(self) -> str:
-        """The policy's last turn (for a single-turn completion, its text)."""
-        return self.turns[-1] if self.turns else self.text
+from scalerl.types import Completion, Task
 
 
 class Environment(Protocol):

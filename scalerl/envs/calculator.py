@@ -25,7 +25,7 @@ from typing import Literal, Sequence
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalerl.envs.arithmetic import arithmetic_tasks
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 
 TOOL_CALL = re.compile(r"c:(\d{1,6}(?:[+*-]\d{1,6})*)=?")
 

@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.sandbox import run_sandboxed
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects

@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.math_answers import (
     answers_match,
     is_numeric_answer,

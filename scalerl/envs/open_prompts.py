@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
 

@@ -6,8 +6,8 @@ from typing import Sequence
 
 import torch
 
-from scalerl.envs.base import Completion, Environment, Task
-from scalerl.rollout.base import Rollout
+from scalerl.envs.base import Environment
+from scalerl.types import Completion, Rollout, Task
 
 
 def completions_of(rollout: Rollout, tokenizer) -> list[Completion]:

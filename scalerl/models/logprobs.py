@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scalerl.rollout.base import Rollout
+from scalerl.types import Rollout
 
 
 @dataclass

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from scalerl.models.paths import resolve_model_path
-from scalerl.rollout.base import Rollout
+from scalerl.types import Rollout
 
 
 class ValueHead(nn.Module):

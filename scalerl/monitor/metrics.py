@@ -98,8 +98,3 @@ class NullLogger:
 
     def close(self) -> None:
         pass
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

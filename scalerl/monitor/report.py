@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import read_events
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 
 # (title, y-axis keys on the left axis, key on a right axis or None)
 PANELS: list[tuple[str, list[str], str | None]] = [

@@ -34,7 +34,7 @@ def run_cost(*, steps: int, tokens_per_step: float, tokens_per_s: float, gpus: i
 
 def throughput_from_run(run_dir: Path, warmup_steps: int = 2) -> tuple[float, float]:
     """(generated tokens per second, mean tokens per step) over a run's steps after the first `warmup_steps`."""
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
 
     if not (Path(run_dir) / "metrics.jsonl").is_file():
         raise ScaleRLError(f"{run_dir}: no metrics.jsonl here; give a run directory written by `scalerl train`")

@@ -135,7 +135,7 @@ def bootstrap(fit: SigmoidFit, compute: Any, pass_rate: Any, *, n: int = 200, se
 def eval_points(run_dir: Path) -> tuple[list[tuple[int, int, float]], float | None, int]:
     """((step, cumulative generated tokens, pass rate) of every in-loop evaluation, the step-0 pass rate
     or None, the planned train.steps or 0)."""
-    from scalerl.monitor.metrics import read_metrics
+    from scalerl.jsonl import read_metrics
 
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():

@@ -17,7 +17,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.rewards.safe_call import FunctionWorker, RewardCallError
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from scalerl.errors import ScaleRLError
-from scalerl.rollout.base import Rollout
+from scalerl.types import Rollout
 
 
 def group_similarity(embeddings: torch.Tensor, group_ids: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:

@@ -1,71 +1,42 @@
-"""What a rollout engine returns, and the interface every engine implements.
+"""The interface every rollout engine implements.
 
-The Hugging Face engine (`hf.py`) runs on CPU or GPU with the training model itself; a vLLM
-engine will implement the same `Sampler` protocol, receiving weights through `sync_weights`.
+The Hugging Face engine (`hf.py`) samples with the training model itself; a vLLM engine, an
+asynchronous producer process or a Ray actor implement the same protocol. What crosses it is plain
+data: token ids in, a `Rollout` out (scalerl/types.py), and weights with their version.
+
+Conventions every engine keeps (tests/rollout/sampler_contract.py checks them):
+- rows are grouped per prompt, in order: prompt i's `params.n` completions are rows i·n … i·n+n−1;
+- a completion ends at its first EOS, which is part of it (mask 1) and is followed by padding
+  (mask 0, sampler log-prob 0); a row without EOS has `truncated` True and `max_new_tokens` tokens;
+- `sampler_logprobs` are the log-probs of the distribution actually sampled from (temperature,
+  top-k and top-p applied), which at top_k 0 and top_p 1 equal the training forward's log-probs at
+  the same temperature;
+- `seeds[i]` alone decides prompt i's random draws: the same seed gives the same completions
+  whatever else is in the batch, so runs, resumes and engines are reproducible per request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Mapping, Protocol, Sequence
 
 import torch
 
-
-@dataclass
-class Rollout:
-    """A batch of sampled completions; row i answers prompt `group_ids[i]` of the step.
-
-    Prompts are left-padded and completions right-padded, so `cat(prompt_ids, completion_ids)` is
-    the full sequence with all prompts ending in the same column.
-
-    In a multi-turn episode (`multiturn.py`) the completion holds the policy's turns and the
-    environment's observations in order: `completion_mask` is 1 only on the policy's own tokens
-    (what is trained on, possibly with gaps), `completion_attention_mask` 1 on every real token,
-    observations included (what the forward pass attends to). Single-turn rollouts leave the
-    latter empty: it is then `completion_mask` itself.
-    """
-
-    prompt_ids: torch.Tensor  # (B, P) long, left-padded
-    prompt_mask: torch.Tensor  # (B, P) long, 1 on real prompt tokens
-    completion_ids: torch.Tensor  # (B, T) long, pad after the end
-    completion_mask: torch.Tensor  # (B, T) long, 1 on generated tokens up to and including EOS (every policy turn's)
-    sampler_logprobs: torch.Tensor  # (B, T) float32, log-prob of each token under the sampling distribution
-    truncated: torch.Tensor  # (B,) bool, stopped at max_new_tokens without EOS
-    group_ids: torch.Tensor  # (B,) long, which prompt of the step each row belongs to
-    rewards: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (B,) float32, filled by scoring
-    completion_attention_mask: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # (B, T) long, or empty
-
-    def completion_extent(self) -> torch.Tensor:
-        """(B, T) long: 1 on every real completion-side token (policy and observations), 0 on padding."""
-        return self.completion_attention_mask if self.completion_attention_mask.numel() else self.completion_mask
-
-    def attention_mask(self) -> torch.Tensor:
-        """(B, P+T) long: the attention mask of `cat(prompt_ids, completion_ids)`."""
-        return torch.cat([self.prompt_mask, self.completion_extent()], dim=1)
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
-
-    def select(self, rows: slice | torch.Tensor) -> "Rollout":
-        """A sub-batch (a mini- or micro-batch) sharing storage with this one."""
-        return Rollout(**{name: (value[rows] if value.numel() else value) for name, value in vars(self).items()})
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_new_tokens: int
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0
-    n: int = 1  # completions per prompt
+from scalerl.types import Rollout, SamplingParams
 
 
 class Sampler(Protocol):
-    def sample(self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None) -> Rollout:
-        """Sample `params.n` completions for every prompt (rows grouped per prompt, in order)."""
+    def sample(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
+        """Sample `params.n` completions for every prompt; `seeds` has one seed per prompt (None only
+        for greedy decoding, temperature 0, which draws nothing)."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make the engine sample from the trainer's current weights (a no-op when they are shared)."""
+    def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """Sample from these weights (a state dict) from now on, and record `version` as the policy
+        version of what is sampled next. An engine that shares the learner's modules receives None:
+        its weights are already the learner's."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """The policy version of the weights the engine samples with."""
         ...

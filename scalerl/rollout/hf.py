@@ -4,18 +4,25 @@ A hand-written loop rather than `model.generate`: we need the sampling distribut
 of every token (for off-policy correction and diagnostics) and nothing of generate's machinery;
 on small models the loop is also several times cheaper per token. The model's own forward with
 `past_key_values` does the caching, so any architecture that supports `generate` works here.
+
+Randomness is per request (the `Sampler` contract, rollout/base.py): each prompt's seed draws all
+the uniforms of its `n` rows up front, (n, max_new_tokens) from its own CPU generator, and a token
+is the inverse CDF of the filtered distribution at its uniform. A prompt's samples then depend on
+its seed alone, never on the batch around it or the device, while the per-token work stays one
+batched `searchsorted`; the cost is one small generator call per prompt per `sample` call.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Mapping, Sequence
 
 import torch
 
-from scalerl.rollout.base import Rollout, SamplingParams
+from scalerl.types import Rollout, SamplingParams
 
 
-def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (B, P), real tokens aligned on the right."""
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -41,20 +48,55 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """(B,) long: token i of row b where cdf[i-1] <= u·total < cdf[i]; probs (B, V), u (B,) in [0, 1).
+
+    The strict `<` (right=True) skips zero-probability tokens (filtered by top-k / top-p): their cdf
+    equals their predecessor's, so the chosen token's cdf always rises. u·total rounding up to the
+    total would select past the end (and clamping would pick the last token, possibly a filtered
+    one), so it is kept strictly below the total."""
+    cdf = probs.cumsum(-1)  # (B, V)
+    total = cdf[:, -1:]  # (B, 1)
+    x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # (B, 1), < total
+    return torch.searchsorted(cdf, x, right=True).squeeze(-1)
+
+
 class HFSampler:
-    """Samples from the training model itself (weights are shared, so `sync_weights` is a no-op)."""
+    """Samples from a Hugging Face causal LM: the training model itself (weights shared, `sync_weights(None, v)`)
+    or a copy that receives state dicts."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, device: torch.device):
         self.model, self.pad_id, self.eos_id, self.device = model, pad_id, eos_id, device
+        self._version = 0
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
-    def sync_weights(self) -> None:
-        pass
+    @property
+    def version(self) -> int:
+        return self._version
 
     @torch.no_grad()
-    def sample(self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None = None) -> Rollout:
+    def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        if weights is not None:  # None: the model is the learner's own, already up to date
+            self.model.load_state_dict(weights, strict=True)
+        self._version = version
+
+    def _uniforms(self, seeds: Sequence[int], n: int, steps: int) -> torch.Tensor:
+        """(steps, B) float32: row i·n+j's uniform at each step, from seeds[i] alone."""
+        u = torch.cat([torch.rand((n, steps), generator=torch.Generator().manual_seed(int(seed))) for seed in seeds])
+        return u.T.contiguous().to(self.device)  # (steps, B): one contiguous row per step
+
+    @torch.no_grad()
+    def sample(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
         n = params.n
+        greedy = params.temperature == 0
+        if not greedy:
+            if seeds is None:
+                raise ValueError(f"HFSampler.sample: temperature {params.temperature} draws random tokens and needs `seeds`, "
+                                 "one per prompt (only greedy decoding, temperature 0, goes without)")
+            if len(seeds) != len(prompt_ids):
+                raise ValueError(f"HFSampler.sample: `seeds` has {len(seeds)} seeds for {len(prompt_ids)} prompts; give one per prompt")
+            uniforms = self._uniforms(seeds, n, params.max_new_tokens)  # (T, B)
         ids, mask = left_pad(prompt_ids, self.pad_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         was_training = self.model.training
@@ -75,12 +117,12 @@ class HFSampler:
         tokens, logps = [], []
         for step in range(params.max_new_tokens):
             logits = logits.float()
-            if params.temperature == 0:
+            if greedy:
                 token = logits.argmax(-1)  # (B,)
                 logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
             else:
-                logp_all = filter_logits(logits / params.temperature, params.top_k, params.top_p).log_softmax(-1)
-                token = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)  # (B,)
+                logp_all = filter_logits(logits / params.temperature, params.top_k, params.top_p).log_softmax(-1)  # (B, V)
+                token = inverse_cdf(logp_all.exp(), uniforms[step])  # (B,)
                 logp = logp_all.gather(-1, token[:, None]).squeeze(-1)
             token = token.masked_fill(finished, self.pad_id)
             tokens.append(token)

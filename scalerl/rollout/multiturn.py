@@ -8,6 +8,11 @@ engine with prefix caching makes cheap). A policy turn ends at EOS; one cut off 
 `max_new_tokens` ends the episode as truncated. After every turn but the last allowed one the
 environment's `step(task, transcript)` returns an observation to append, or None to stop.
 
+Seeds are per request, as the `Sampler` contract wants: turn 1 samples task i with `seeds[i]`;
+a later turn k of episode j of task i (its j-th completion) samples with
+`derive_seed(seeds[i], j, k)`, so every turn's draws depend on that episode alone, not on which
+other episodes are still going. Greedy decoding (temperature 0) takes `seeds` None.
+
 The episode comes back as ONE `Rollout` row: `completion_ids` = turn₁ obs₁ turn₂ … (right-padded),
 `completion_mask` 1 exactly on the policy's sampled tokens (observations are 0, so never trained
 on), `completion_attention_mask` 1 on all of them (the training forward reads observations as
@@ -22,10 +27,11 @@ from typing import Sequence
 
 import torch
 
-from scalerl.envs.base import Completion, Environment, MultiTurnEnvironment, Task
+from scalerl.envs.base import Environment, MultiTurnEnvironment
 from scalerl.envs.scoring import completions_of
 from scalerl.errors import ScaleRLError
-from scalerl.rollout.base import Rollout, Sampler, SamplingParams
+from scalerl.rollout.base import Sampler
+from scalerl.types import Completion, Rollout, SamplingParams, Task, derive_seed
 
 
 @dataclass
@@ -40,30 +46,31 @@ class Episode:
 
 
 def sample_episodes(sampler: Sampler, env: Environment, tasks: Sequence[Task], tokenizer, params: SamplingParams,
-                    generator: torch.Generator | None, *, max_turns: int = 1) -> tuple[Rollout, list[Completion]]:
+                    seeds: Sequence[int] | None, *, max_turns: int = 1) -> tuple[Rollout, list[Completion]]:
     """Sample `params.n` completions per task and decode them: one `sampler.sample` call for a
     single turn (`max_turns` 1), or whole episodes (`multi_turn_rollout`) for an environment with
-    a `step` method."""
+    a `step` method. `seeds`: one per task (None for greedy decoding)."""
     if max_turns == 1:
-        batch = sampler.sample([tokenizer(task.prompt)["input_ids"] for task in tasks], params, generator)
+        batch = sampler.sample([tokenizer(task.prompt)["input_ids"] for task in tasks], params, seeds)
         return batch, completions_of(batch, tokenizer)
     if not callable(getattr(env, "step", None)):
         raise ScaleRLError(f"rollout.max_turns: {max_turns} needs a multi-turn environment (one with a step method, see "
                            f"scalerl/envs/base.py), and {type(env).__name__} has none; set rollout.max_turns=1")
-    return multi_turn_rollout(sampler, env, tasks, tokenizer, params, generator, max_turns=max_turns)
+    return multi_turn_rollout(sampler, env, tasks, tokenizer, params, seeds, max_turns=max_turns)
 
 
 def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Sequence[Task], tokenizer,
-                       params: SamplingParams, generator: torch.Generator | None, *, max_turns: int,
+                       params: SamplingParams, seeds: Sequence[int] | None, *, max_turns: int,
                        max_observation_tokens: int | None = None) -> tuple[Rollout, list[Completion]]:
-    """Run `params.n` episodes per task for up to `max_turns` policy turns (see the module docstring).
+    """Run `params.n` episodes per task for up to `max_turns` policy turns, seeded per task by `seeds`
+    (None for greedy decoding; see the module docstring).
 
     An observation longer than `max_observation_tokens` (default `params.max_new_tokens`) tokens is
     cut to that many, so the completion side stays within the bound above.
     """
     obs_cap = params.max_new_tokens if max_observation_tokens is None else max_observation_tokens
     prompts = [tokenizer(task.prompt)["input_ids"] for task in tasks]
-    first = sampler.sample(prompts, params, generator)
+    first = sampler.sample(prompts, params, seeds)
     group = first.group_ids.tolist()
     episodes = [Episode() for _ in group]
     rows, turn = list(range(len(group))), first  # the episodes that `turn` continues, in its row order
@@ -80,7 +87,9 @@ def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Seque
         rows = going
         if not rows:
             break
-        turn = sampler.sample([prompts[group[b]] + episodes[b].tokens for b in rows], replace(params, n=1), generator)
+        # Episode b is completion b % n of task group[b] (rows are grouped per task, in order).
+        turn_seeds = None if seeds is None else [derive_seed(seeds[group[b]], b % params.n, k + 1) for b in rows]
+        turn = sampler.sample([prompts[group[b]] + episodes[b].tokens for b in rows], replace(params, n=1), turn_seeds)
     return _assemble(first, episodes, pad_id=tokenizer.pad_token_id), _completions(episodes, tokenizer)
 
 

@@ -6,9 +6,10 @@ with the marker count; rotation deletes older complete checkpoints only after th
 complete, keeping `keep_last`. Leftover `.tmp` folders of a killed save are removed on resume.
 
 Contents: the model in Hugging Face format (safetensors + config.json + tokenizer, loadable with
-`from_pretrained`), `optimizer.pt` and `scheduler.pt` (tensors and plain containers only, read
-back with `torch.load(weights_only=True)`), `rng_rank<R>.pt` per rank, and `trainer_state.json`
-(step, data position, anything else the loop needs).
+`from_pretrained`), `optimizer.pt` (tensors and plain containers only, read back with
+`torch.load(weights_only=True)`), `rng_rank<R>.pt` per rank, and `trainer_state.json` (step, the
+rollout side's state: data position, reward state, policy version; the learner's: version, updates
+taken, which is the lr schedule's position, health responses, β controller).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def remove_partial(root: Path) -> list[Path]:
 
 def save_checkpoint(
     root: Path, step: int, *, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
-    optimizer: torch.optim.Optimizer, scheduler: Any, rng: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer, rng: dict[str, torch.Tensor],
     trainer_state: dict[str, Any], keep_last: int, extra_weights: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     final = root / f"step_{step:07d}"
@@ -90,7 +91,6 @@ def save_checkpoint(
         for name, state in (extra_weights or {}).items():  # e.g. PPO's critic, as `critic.safetensors`
             save_file({k: v.contiguous() for k, v in state.items()}, tmp / f"{name}.safetensors")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
         _fsync_tree(tmp)
         (tmp / MARKER).write_text(f"{step}\n")
@@ -120,15 +120,14 @@ def load_model_weights(model: torch.nn.Module, folder: Path, skip: set[str] = fr
 
 
 def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, extra_modules: dict[str, torch.nn.Module] | None = None
+                    extra_modules: dict[str, torch.nn.Module] | None = None
                     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore model, optimizer, scheduler (and extra modules such as a critic) in place; returns
+    """Restore model, optimizer (and extra modules such as a critic) in place; returns
     (trainer_state, this rank's RNG states)."""
     extra_modules = extra_modules or {}
     load_model_weights(model, folder, skip=set(extra_modules))
     for name, module in extra_modules.items():
         module.load_state_dict(load_file(folder / f"{name}.safetensors"))
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng = torch.load(folder / f"rng_rank{ctx.rank}.pt", weights_only=True)
     return json.loads((folder / "trainer_state.json").read_text()), rng

@@ -8,25 +8,31 @@ from typing import Sequence
 import torch
 
 from scalerl.distributed.context import DistContext
-from scalerl.envs.base import Environment, Task
+from scalerl.envs.base import Environment
+from scalerl.types import SamplingParams, Task
 from scalerl.envs.shaping import unshaped_score
 from scalerl.rewards.components import RewardInputs
 from scalerl.rewards.scorer import RewardScorer
-from scalerl.rollout.base import Sampler, SamplingParams
+from scalerl.rollout.base import Sampler
 from scalerl.rollout.multiturn import sample_episodes
 
 
 def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, params: SamplingParams,
-              generator: torch.Generator | None = None, *, batch_size: int, ctx: DistContext, max_turns: int = 1,
+              seeds: Sequence[int] | None = None, *, batch_size: int, ctx: DistContext, max_turns: int = 1,
               scorer: RewardScorer | None = None) -> float:
-    """Mean correctness of `params.n` completions per task, sampled with `params` and `generator`
-    (temperature 0: greedy). Each rank scores its share of the tasks and the sums are added, so the
-    result is the mean over every task's completions."""
+    """Mean correctness of `params.n` completions per task, sampled with `params` (temperature 0:
+    greedy, `seeds` None) and `seeds`, one per task of the whole list. Each rank scores its share of
+    the tasks with those tasks' own seeds and the sums are added, so the result is the mean over
+    every task's completions, and the same number whatever the world size or `batch_size`."""
+    if seeds is not None and len(seeds) != len(tasks):
+        raise ValueError(f"pass_rate: `seeds` has {len(seeds)} seeds for {len(tasks)} tasks; give one per task")
     mine = list(tasks[ctx.rank:: ctx.world_size])
+    my_seeds = None if seeds is None else list(seeds[ctx.rank:: ctx.world_size])
     total = 0.0
     for i in range(0, len(mine), batch_size):
         chunk = mine[i: i + batch_size]
-        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, generator, max_turns=max_turns)
+        chunk_seeds = None if my_seeds is None else my_seeds[i: i + batch_size]
+        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, chunk_seeds, max_turns=max_turns)
         # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
         scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(rollout.group_ids.tolist(), completions)],
                               dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""Optimizer and learning-rate schedule."""
+"""Optimizer and learning-rate schedule (the learner sets each update's lr from `lr_factor`)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,3 @@ def lr_factor(step: int, total: int, config: OptimConfig) -> float:
     progress = min(1.0, (step - config.warmup_steps) / max(1, total - 1 - config.warmup_steps))
     decay = 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * decay
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, config))

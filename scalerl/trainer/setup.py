@@ -11,9 +11,19 @@ from pathlib import Path
 
 import torch
 
+from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config, dump_config
 from scalerl.distributed.context import DistContext
+from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
+from scalerl.rewards.pipeline import build_reward_pipeline
+from scalerl.rollout.base import Sampler
+from scalerl.rollout.prompts import PromptStream
+from scalerl.rollout.worker import BatchFilters, RolloutWorker
+from scalerl.trainer.algorithm import objective_settings
+from scalerl.trainer.learner import Learner
+from scalerl.trainer.optim import build_optimizer
+from scalerl.types import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +33,11 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def check_precision(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype for `train.precision` (None: plain fp32), or a clear error."""
+def check_precision(precision: str, device: torch.device) -> None:
+    """A clear error when `train.precision` cannot run on this device."""
     match precision:
-        case "fp32":
-            return None
-        case "bf16":
-            return torch.bfloat16
+        case "fp32" | "bf16":
+            return
         case "fp8":
             if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
                 raise ScaleRLError("train.precision=fp8 needs an H100-class CUDA GPU (compute capability >= 8.9); use bf16 or fp32 here")
@@ -73,7 +81,7 @@ def set_threads(threads: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device):
+def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device) -> Sampler:
     """The rollout engine named by `rollout.engine`."""
     match config.rollout.engine:
         case "hf":
@@ -100,8 +108,35 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
     return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device).train()
 
 
-def build_scorer(config: Config, device: torch.device):
-    """The `RewardScorer` of `reward.components` (or of `reward.model` alone); None: the environment's reward."""
-    from scalerl.rewards.scorer import build_reward_scorer
+def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> Learner:
+    """Reference, critic, optimizer and β controller around the policy; a learner of version 0."""
+    algo = config.algorithm
+    # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
+    reference = build_reference(policy) if algo.kl.needs_reference else None
+    critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
+    groups = [(policy, config.optim.lr)]
+    if critic is not None:
+        groups.append((critic, algo.critic_lr or config.optim.lr))
+    optimizer = build_optimizer(groups, config.optim, ctx.device)
+    kl = algo.kl
+    kl_ctl = KLController(schedule=kl.schedule, beta=kl.beta, total_steps=config.train.steps, target_kl=kl.target_kl,
+                          horizon=kl.horizon, beta_min=kl.beta_min, beta_target=kl.beta_target)
+    return Learner(policy=policy, reference=reference, critic=critic, value_head=algo.name == "ppo" and algo.critic == "head",
+                   optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision, algo=algo, optim=config.optim,
+                   objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
+                   temperature=config.rollout.temperature, ctx=ctx)
 
-    return build_reward_scorer(config.reward, group_size=config.rollout.group_size, device=device)
+
+def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast) -> RolloutWorker:
+    """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for policy embeddings)."""
+    env = build_env(config.env.name, config.env.args)
+    stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
+                          seed=config.train.seed, shuffle=config.env.shuffle)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device)
+    rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=autocast,
+                                    ctx=ctx, run_dir=run_dir)
+    ro, algo = config.rollout, config.algorithm
+    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size)
+    return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
+                         filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
+                         seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf")

@@ -1,11 +1,12 @@
-"""grpo_loss and aggregate on hand-written tensors with padding masks."""
+"""rl_objective (the clipped-surrogate GRPO loss) and aggregate on hand-written tensors with padding masks."""
 
 import math
 
 import pytest
 import torch
 
-from scalerl.algorithms.losses import aggregate, grpo_loss
+from scalerl.algorithms.losses import aggregate
+from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 
 # Two sequences, lengths 3 and 1 (row 1 is padded after its first token).
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
@@ -61,15 +62,13 @@ def _random_batch(seed=0):
 @pytest.mark.parametrize("level", ["token", "sequence"])
 def test_normalizer_makes_micro_batches_sum_to_full_batch(level):
     logprobs, old, ref, adv, mask = _random_batch()
-    kw = dict(ref_logprobs=ref, beta=0.05, loss_agg=level)
-
-    full, _ = grpo_loss(logprobs, old, adv, mask, **kw)
+    full, _ = rl_objective(ObjectiveInputs(logprobs, old, adv, mask, ref_logprobs=ref), beta=0.05, loss_agg=level)
     (full_grad,) = torch.autograd.grad(full, logprobs)
 
     # Normalizer: total token count (12) at token level, total sequence count (4) at sequence level.
     norm = float(mask.sum()) if level == "token" else 4.0
-    parts = [grpo_loss(logprobs[s], old[s], adv[s], mask[s], normalizer=norm, ref_logprobs=ref[s], beta=0.05,
-                       loss_agg=level)[0] for s in (slice(0, 2), slice(2, 4))]
+    parts = [rl_objective(ObjectiveInputs(logprobs[s], old[s], adv[s], mask[s], ref_logprobs=ref[s]),
+                          normalizer=norm, beta=0.05, loss_agg=level)[0] for s in (slice(0, 2), slice(2, 4))]
     split = parts[0] + parts[1]
     (split_grad,) = torch.autograd.grad(split, logprobs)
 
@@ -82,9 +81,9 @@ def test_without_normalizer_token_level_micro_batches_do_not_match():
     # Sanity check that the invariance test is sensitive: averaging per-micro-batch token means
     # (7 and 5 tokens) is not the mean over all 12 tokens.
     logprobs, old, _, adv, mask = _random_batch()
-    full, _ = grpo_loss(logprobs, old, adv, mask)
-    a, _ = grpo_loss(logprobs[:2], old[:2], adv[:2], mask[:2])
-    b, _ = grpo_loss(logprobs[2:], old[2:], adv[2:], mask[2:])
+    full, _ = rl_objective(ObjectiveInputs(logprobs, old, adv, mask))
+    a, _ = rl_objective(ObjectiveInputs(logprobs[:2], old[:2], adv[:2], mask[:2]))
+    b, _ = rl_objective(ObjectiveInputs(logprobs[2:], old[2:], adv[2:], mask[2:]))
     assert not torch.allclose((a + b) / 2, full, atol=1e-4)
 
 
@@ -110,7 +109,7 @@ def test_without_normalizer_token_level_micro_batches_do_not_match():
 def test_clipped_surrogate_single_token(ratio, adv, expected_loss, expected_grad):
     old = torch.tensor([[-1.0]])
     logprobs = (old + math.log(ratio)).requires_grad_(True)
-    loss, _ = grpo_loss(logprobs, old, torch.tensor([adv]), torch.ones(1, 1))
+    loss, _ = rl_objective(ObjectiveInputs(logprobs, old, torch.tensor([adv]), torch.ones(1, 1)))
     loss.backward()
     assert loss.item() == pytest.approx(expected_loss, abs=1e-5)
     assert logprobs.grad.item() == pytest.approx(expected_grad, abs=1e-5)
@@ -122,7 +121,7 @@ def test_clipped_batch_loss_and_stats():
     old = torch.full((2, 3), -2.0)
     logprobs = old + ratios.log()
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    loss, stats = grpo_loss(logprobs, old, torch.tensor([2.0, -2.0]), mask)
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, old, torch.tensor([2.0, -2.0]), mask))
     # From the table above: (-2.4 - 1.0 - 2.2 + 3.0 + 1.6) / 5 = -1.0 / 5 = -0.2.
     assert loss.item() == pytest.approx(-0.2, abs=1e-5)
     # clip_frac counts trained tokens where the clipped branch is the minimum (as TRL does):
@@ -140,7 +139,7 @@ def test_zero_advantage_token_is_not_counted_as_clipped():
     # A = 0: ρA and clip(ρ)A are both 0, so nothing is clipped and the loss is 0.
     old = torch.zeros(1, 2)
     logprobs = old + torch.tensor([[math.log(2.0), math.log(0.3)]])
-    loss, stats = grpo_loss(logprobs, old, torch.tensor([0.0]), torch.ones(1, 2))
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, old, torch.tensor([0.0]), torch.ones(1, 2)))
     assert loss.item() == 0.0
     assert stats["clip_frac"].item() == 0.0
 
@@ -155,7 +154,8 @@ def test_asymmetric_clip_changes_only_the_tokens_between_the_bounds():
     def per_token_grads(eps_high):
         logprobs = (old + ratios.log()).requires_grad_(True)
         # normalizer=1: the loss is the plain sum, so each gradient entry is one token's own.
-        loss, stats = grpo_loss(logprobs, old, adv, mask, clip_eps_low=0.2, clip_eps_high=eps_high, normalizer=1.0)
+        loss, stats = rl_objective(ObjectiveInputs(logprobs, old, adv, mask), clip_eps_low=0.2, clip_eps_high=eps_high,
+                                   normalizer=1.0)
         loss.backward()
         return loss.item(), logprobs.grad, stats["clip_frac"].item()
 
@@ -182,7 +182,7 @@ def test_asymmetric_clip_changes_only_the_tokens_between_the_bounds():
 def test_ratio_one_gradient_is_minus_advantage_over_token_count():
     logprobs = torch.tensor([[-0.5, -1.0, -2.0], [-0.3, -0.7, -0.9]], requires_grad=True)
     adv = torch.tensor([0.5, -1.0])
-    loss, stats = grpo_loss(logprobs, logprobs.detach(), adv, MASK)
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, logprobs.detach(), adv, MASK))
     loss.backward()
     # n_tokens = 4; grad = -A·mask/4 -> row 0: -0.125 each, row 1: [0.25, 0, 0].
     expected = torch.tensor([[-0.125, -0.125, -0.125], [0.25, 0.0, 0.0]])
@@ -196,7 +196,8 @@ def test_ratio_one_gradient_is_minus_advantage_over_token_count():
 
 def test_ratio_one_sequence_level_gradient():
     logprobs = torch.zeros(2, 3, requires_grad=True)
-    loss, _ = grpo_loss(logprobs, logprobs.detach(), torch.tensor([0.5, -1.0]), MASK, loss_agg="sequence")
+    inputs = ObjectiveInputs(logprobs, logprobs.detach(), torch.tensor([0.5, -1.0]), MASK)
+    loss, _ = rl_objective(inputs, loss_agg="sequence")
     loss.backward()
     # grad = -A·mask/(len_i · B): row 0: -0.5/(3·2) = -1/12, row 1: 1.0/(1·2) = 0.5.
     expected = torch.tensor([[-1 / 12, -1 / 12, -1 / 12], [0.5, 0.0, 0.0]])
@@ -206,7 +207,7 @@ def test_ratio_one_sequence_level_gradient():
 def test_per_token_advantages():
     logprobs = torch.zeros(2, 3, requires_grad=True)
     adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])  # padded entries are ignored
-    loss, _ = grpo_loss(logprobs, logprobs.detach(), adv, MASK)
+    loss, _ = rl_objective(ObjectiveInputs(logprobs, logprobs.detach(), adv, MASK))
     # ρ ≡ 1: loss = -(1 + 2 + 3 + 4) / 4 = -2.5
     assert loss.item() == pytest.approx(-2.5)
 
@@ -222,8 +223,8 @@ def test_beta_adds_beta_times_mean_k3():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]], requires_grad=True)
     ref = logprobs.detach() - DELTA
     adv = torch.tensor([0.5, -1.0])
-    base, _ = grpo_loss(logprobs, logprobs.detach(), adv, MASK)
-    loss, stats = grpo_loss(logprobs, logprobs.detach(), adv, MASK, ref_logprobs=ref, beta=0.1)
+    base, _ = rl_objective(ObjectiveInputs(logprobs, logprobs.detach(), adv, MASK))
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, logprobs.detach(), adv, MASK, ref_logprobs=ref), beta=0.1)
     assert stats["kl"].item() == pytest.approx(K3_MEAN, abs=1e-6)
     # base = -0.125 as above; loss = -0.125 + 0.1 · 0.0638130
     assert loss.item() == pytest.approx(-0.125 + 0.1 * K3_MEAN, abs=1e-6)
@@ -237,7 +238,8 @@ def test_beta_adds_beta_times_mean_k3():
 def test_beta_with_k1_estimator():
     logprobs = torch.zeros(2, 3)
     ref = logprobs - DELTA
-    loss, stats = grpo_loss(logprobs, logprobs, torch.zeros(2), MASK, ref_logprobs=ref, beta=1.0, kl_estimator="k1")
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, logprobs, torch.zeros(2), MASK, ref_logprobs=ref), beta=1.0,
+                               kl_estimator="k1")
     # k1 = Δ: mean over trained tokens (0.5 - 0.5 + 0 + 0) / 4 = 0
     assert stats["kl"].item() == pytest.approx(0.0, abs=1e-7)
     assert loss.item() == pytest.approx(0.0, abs=1e-7)
@@ -246,15 +248,15 @@ def test_beta_with_k1_estimator():
 def test_beta_without_reference_raises():
     logprobs = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        grpo_loss(logprobs, logprobs, torch.ones(2), MASK, beta=0.1)
+        rl_objective(ObjectiveInputs(logprobs, logprobs, torch.ones(2), MASK), beta=0.1)
 
 
 def test_reference_with_zero_beta_only_measures_kl():
     logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.2, -3.0, -1.0]])
     old = logprobs + 0.1
     adv = torch.tensor([0.5, -1.0])
-    plain, plain_stats = grpo_loss(logprobs, old, adv, MASK)
-    measured, stats = grpo_loss(logprobs, old, adv, MASK, ref_logprobs=logprobs - DELTA, beta=0.0)
+    plain, plain_stats = rl_objective(ObjectiveInputs(logprobs, old, adv, MASK))
+    measured, stats = rl_objective(ObjectiveInputs(logprobs, old, adv, MASK, ref_logprobs=logprobs - DELTA), beta=0.0)
     assert measured.item() == plain.item()
     assert stats["kl"].item() == pytest.approx(K3_MEAN, abs=1e-6)
     assert "kl" not in plain_stats

@@ -1,5 +1,6 @@
 """Per-token objectives (clipped surrogate, CISPO, value loss), truncated IS weights,
-policy_stats and prompt-level aggregation, on hand-written tensors with padding masks."""
+policy_stats, prompt-level aggregation and rl_objective as their composition, on hand-written
+tensors with padding masks."""
 
 import math
 
@@ -11,11 +12,11 @@ from scalerl.algorithms.losses import (
     aggregate,
     cispo_objective,
     clipped_surrogate,
-    grpo_loss,
     policy_stats,
     truncated_is_weights,
     value_loss,
 )
+from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 
 # ---------------------------------------------------------------------------------------------
 # aggregate(level="prompt")
@@ -269,7 +270,7 @@ def test_value_loss_targets_get_no_gradient():
 
 
 # ---------------------------------------------------------------------------------------------
-# policy_stats and grpo_loss as a composition
+# policy_stats and rl_objective as a composition
 
 
 def test_policy_stats_by_hand():
@@ -296,14 +297,15 @@ def test_policy_stats_empty_mask():
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_grpo_loss_is_the_composition(level):
+def test_rl_objective_is_the_composition(level):
     g = torch.Generator().manual_seed(1)
     logprobs = (-torch.rand(3, 4, generator=g) * 2).requires_grad_(True)
     old = logprobs.detach() + 0.3 * torch.randn(3, 4, generator=g)
     ref = logprobs.detach() + 0.2 * torch.randn(3, 4, generator=g)
     adv = torch.tensor([1.0, -0.5, 2.0])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
-    loss, stats = grpo_loss(logprobs, old, adv, mask, clip_eps_high=0.28, ref_logprobs=ref, beta=0.1, loss_agg=level)
+    loss, stats = rl_objective(ObjectiveInputs(logprobs, old, adv, mask, ref_logprobs=ref), clip_eps_high=0.28,
+                               beta=0.1, loss_agg=level)
     per_token, clipped = clipped_surrogate(logprobs, old, adv, clip_eps_low=0.2, clip_eps_high=0.28)
     kl = kl_estimate(logprobs, ref, "k3")
     expected = aggregate(per_token + 0.1 * kl, mask, level)

@@ -1,4 +1,4 @@
-"""World size 2 on gloo, in real processes: the same gradient as one process, and a torchrun run."""
+"""World size 2 on gloo, in real processes: the trainer's learner gives one process's gradients and weights, and a torchrun run."""
 
 from __future__ import annotations
 
@@ -14,11 +14,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import ROOT, tiny_overrides
-from scalerl.algorithms.losses import grpo_loss
 from scalerl.distributed.context import DistContext
-from scalerl.models.logprobs import completion_logprobs
 from scalerl.models.paths import builtin_model_dir
-from scalerl.rollout.base import Rollout
+from scalerl.types import Rollout, ScoredBatch
 
 
 def _free_port() -> int:
@@ -27,52 +25,89 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _batch() -> tuple[Rollout, torch.Tensor]:
-    """8 completions of uneven lengths, fixed by a seed, with advantages."""
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(4, 17, (8, 5), generator=g)
-    completion = torch.randint(4, 17, (8, 6), generator=g)
-    lengths = torch.tensor([6, 1, 3, 6, 2, 5, 4, 6])
-    cmask = (torch.arange(6)[None, :] < lengths[:, None]).long()
-    batch = Rollout(prompt_ids=prompt, prompt_mask=torch.ones_like(prompt), completion_ids=completion,
-                    completion_mask=cmask, sampler_logprobs=torch.zeros(8, 6), truncated=torch.zeros(8, dtype=torch.bool),
-                    group_ids=torch.arange(8) // 4)
-    return batch, torch.randn(8, generator=g)
+# 4 prompts x 4 completions in all. Two ranks take 2 prompts each and learn in mini-batches of one
+# group per rank; one process takes all 4 in mini-batches of two groups, ordered so that its
+# mini-batch k is the union of the ranks' mini-batch k. Two epochs, so the later updates start from
+# weights the earlier ones changed (old log-probs recomputed); a KL penalty; batch-level reward
+# scaling, whose std must be the global batch's.
+LEARN = {"train.epochs": 2, "algorithm.scale_rewards": "batch", "algorithm.kl.beta": 0.05, "algorithm.clip_eps_high": 0.28}
+RANK = {"rollout.prompts_per_step": 2, "train.mini_batch_size": 4, "train.micro_batch_size": 2}
+SINGLE = {"rollout.prompts_per_step": 4, "train.mini_batch_size": 8, "train.micro_batch_size": 4}
+SINGLE_ORDER = [0, 2, 1, 3]  # groups: rank 0 holds groups 0 and 1, rank 1 groups 2 and 3
 
 
-def _gradients(ctx: DistContext, rows: slice, loss_agg: str) -> list[torch.Tensor]:
-    from transformers import AutoModelForCausalLM
+def _global_batch(path):
+    """One fixed batch of 16 completions from the built-in model, with distinct rewards, saved to `path`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from scalerl.rollout.hf import HFSampler
+    from scalerl.types import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(builtin_model_dir())
     model = AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
-    full, adv = _batch()
-    mine = full.select(rows)
-    count = mine.completion_mask.sum() if loss_agg == "token" else torch.tensor(len(mine))
-    normalizer = ctx.sum(count.double()).item()  # the global count, as the trainer computes it
-    logprobs, _ = completion_logprobs(model, mine)
-    old = logprobs.detach() - 0.1  # ratios away from 1 so that clipping is exercised
-    loss, _ = grpo_loss(logprobs, old, adv[rows], mine.completion_mask, loss_agg=loss_agg, normalizer=normalizer)
-    loss.backward()
-    ctx.sum_gradients(model)
-    return [p.grad for p in model.parameters()]
+    sampler = HFSampler(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
+    prompts = [tokenizer(p)["input_ids"] for p in ("12+34=", "7+5=", "99+1=", "3+40=")]
+    rollout = sampler.sample(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, n=4), seeds=[11, 12, 13, 14])
+    rewards = torch.rand(16, generator=torch.Generator().manual_seed(3))
+    torch.save({"rollout": vars(rollout), "rewards": rewards}, path)
 
 
-def _worker(rank: int, port: int, loss_agg: str, out: str) -> None:
+def _scored(path, groups: list[int]):
+    """The saved batch's rows of these groups, in this order, as the rollout side would hand them over."""
+    saved = torch.load(path, weights_only=True)
+    rows = torch.cat([torch.arange(4 * g, 4 * g + 4) for g in groups])
+    rollout = Rollout(**saved["rollout"]).select(rows)
+    rollout.group_ids = torch.arange(len(groups)).repeat_interleave(4)
+    rewards = saved["rewards"][rows]
+    return ScoredBatch(rollout, rewards, rewards, policy_version=0, prompts=[""] * len(rows), completions=[""] * len(rows),
+                       generated_tokens=int(rollout.completion_mask.sum()))
+
+
+def _learn(ctx, runs, overrides, batch):
+    """The trainer's own learner on `batch`; returns (gradients applied at each update, final weights, metrics)."""
+    from scalerl.config import load_config
+    from scalerl.models.loading import load_model
+    from scalerl.trainer.setup import build_learner
+
+    torch.manual_seed(0)
+    config = load_config(overrides=tiny_overrides(runs, "learn", **{**LEARN, **overrides}))
+    learner = build_learner(config, ctx, load_model(config.model, ctx.device))
+    applied, step = [], learner.optimizer.step
+
+    def recording_step(*a, **k):
+        applied.append([p.grad.clone() for p in learner.policy.parameters()])  # summed over ranks and clipped
+        return step(*a, **k)
+
+    learner.optimizer.step = recording_step
+    metrics = learner.learn(batch, 1)
+    return applied, [p.detach().clone() for p in learner.policy.parameters()], metrics
+
+
+def _worker(rank: int, port: int, runs, path: str, out: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ctx = DistContext(rank=rank, world_size=2)
-    grads = _gradients(ctx, slice(4 * rank, 4 * rank + 4), loss_agg)
+    result = _learn(ctx, runs, RANK, _scored(path, [2 * rank, 2 * rank + 1]))
     if rank == 0:
-        torch.save(grads, out)
+        torch.save(result, out)
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("loss_agg", ["token", "sequence"])
-def test_two_gloo_ranks_give_the_single_process_gradient(tmp_path, loss_agg):
-    out = str(tmp_path / "grads.pt")
-    mp.spawn(_worker, args=(_free_port(), loss_agg, out), nprocs=2, join=True)
-    distributed = torch.load(out, weights_only=True)
-    single = _gradients(DistContext(), slice(0, 8), loss_agg)
-    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(distributed, single))
+def test_two_gloo_ranks_learn_exactly_what_one_process_learns(tmp_path):
+    """`Learner.learn` under 2 gloo processes equals 1 process on the same global batch: every update's
+    gradient, the final weights and the grad norms, to float tolerance."""
+    path, out = str(tmp_path / "batch.pt"), str(tmp_path / "ranks.pt")
+    _global_batch(path)
+    mp.spawn(_worker, args=(_free_port(), tmp_path / "runs", path, out), nprocs=2, join=True)
+    ranks_grads, ranks_weights, ranks_metrics = torch.load(out, weights_only=False)
+    grads, weights, metrics = _learn(DistContext(), tmp_path / "runs", SINGLE, _scored(path, SINGLE_ORDER))
+    assert len(grads) == len(ranks_grads) == 4  # 2 epochs x 2 mini-batches
+    for update, (a, b) in enumerate(zip(ranks_grads, grads)):
+        assert all(torch.allclose(x, y, atol=1e-7, rtol=1e-4) for x, y in zip(a, b)), f"update {update}"
+    assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(ranks_weights, weights))
+    assert ranks_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
+    assert any(not torch.equal(x, y) for x, y in zip(weights, _learn(DistContext(), tmp_path / "runs", SINGLE,
+                                                                     _scored(path, [0, 1, 2, 3]))[1]))  # the order matters
 
 
 @pytest.mark.slow
@@ -90,4 +125,5 @@ def test_torchrun_two_processes_train_with_rank0_logging(tmp_path):
     ckpt_dir = runs / "ddp" / "checkpoints" / "step_0000003"
     assert (ckpt_dir / "rng_rank0.pt").is_file() and (ckpt_dir / "rng_rank1.pt").is_file()
     state = json.loads((ckpt_dir / "trainer_state.json").read_text())
-    assert state["data"]["index"] == 3 * 2 * 4
+    assert state["rollout"]["data"]["index"] == 3 * 2 * 4 and state["rollout"]["policy_version"] == 3
+    assert state["learner"]["version"] == 3 and state["learner"]["updates"] == 3

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from scalerl.envs.arithmetic import ArithmeticConfig, ArithmeticEnv
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.registry import build_env
 from scalerl.envs.scoring import completions_of, score_rollout
 from scalerl.errors import ScaleRLError
 from scalerl.models.char_tokenizer import build_char_tokenizer
-from scalerl.rollout.base import Rollout
+from scalerl.types import Rollout
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.calculator import (
     CalculatorConfig,
     CalculatorEnv,

@@ -10,11 +10,11 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 
 from conftest import run_cli, tiny_overrides
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.code import CodeConfig, CodeEnv, extract_code, passed_tests, score_solution
 from scalerl.envs.registry import build_env, validate_env_args
 from scalerl.errors import ScaleRLError
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 
 TESTS = ["assert f(1) == 1", "assert f(2) == 2", "assert f(3) == 3", "assert f(4) == 4"]
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, run_cli, tiny_overrides
 
 from scalerl.envs.arithmetic import ArithmeticEnv
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.envs.math_answers import answers_match
 from scalerl.envs.math_env import DEFAULT_DATA, MathConfig, MathEnv
 from scalerl.envs.registry import build_env, validate_env_args
@@ -276,7 +276,7 @@ def test_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     from scalerl.distributed.context import DistContext
     from scalerl.envs.scoring import completions_of
     from scalerl.models.paths import builtin_model_dir
-    from scalerl.rollout.base import SamplingParams
+    from scalerl.types import SamplingParams
     from scalerl.rollout.hf import HFSampler
     from scalerl.trainer.evaluation import pass_rate
 
@@ -290,7 +290,7 @@ def test_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     tasks = env.eval_tasks()
     rate = pass_rate(env, tasks, sampler, tokenizer, SamplingParams(max_new_tokens=8, temperature=0.0), batch_size=16, ctx=DistContext())
 
-    rollout = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], SamplingParams(max_new_tokens=8, temperature=0.0), None)
+    rollout = sampler.sample([tokenizer(t.prompt)["input_ids"] for t in tasks], SamplingParams(max_new_tokens=8, temperature=0.0))
     completions = completions_of(rollout, tokenizer)
     correct = sum(env.correct(t, c) for t, c in zip(tasks, completions)) / len(tasks)
     shaped = sum(env.score(t, c) for t, c in zip(tasks, completions)) / len(tasks)

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from observed_run import observed, samples, scrape
 from scalerl.monitor.events import read_events
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.monitor.prometheus import PrometheusExporter
 
 DASHBOARD = ROOT / "deploy" / "grafana_dashboard.json"

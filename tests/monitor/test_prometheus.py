@@ -17,7 +17,7 @@ import pytest
 from observed_run import STEPS, free_port, observed, samples, scrape
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import read_events
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.monitor.prometheus import PrometheusExporter, metric_name
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from observed_run import observed
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 
 
 def test_tensorboard_event_files_hold_the_metrics_jsonl_values(tmp_path_factory):

@@ -11,8 +11,9 @@ import pytest
 import torch
 import yaml
 
+from scalerl.checks import check_config
 from scalerl.config import dump_config, load_config
-from scalerl.envs.base import Completion, Task
+from scalerl.types import Completion, Task
 from scalerl.errors import ScaleRLError
 from scalerl.rewards.components import EnvComponent, FunctionComponent, ModelComponent, RewardInputs
 from scalerl.rewards.reward_model import RewardModelScorer, load_reward_model, save_reward_model
@@ -224,7 +225,7 @@ def test_top_level_spelling_nested_spelling_and_set_overrides_agree(tmp_path):
 ])
 def test_config_errors_name_the_key(overrides, needles):
     with pytest.raises(ScaleRLError) as err:
-        load_config(None, overrides)
+        check_config(load_config(None, overrides))
     for needle in needles:
         assert needle in str(err.value), str(err.value)
 
@@ -280,7 +281,7 @@ def test_cli_run_with_top_level_components_logs_means_and_weights(runs):
         # the fused mean is the weighted sum of the component means (weights are per step)
         fused = r["reward/weight/brevity"] * r["reward/brevity_mean"] + r["reward/weight/correctness"] * r["reward/correctness_mean"]
         assert r["reward_mean"] == pytest.approx(fused, abs=1e-5)
-    state = json.loads((runs / "fused" / "checkpoints" / "step_0000004" / "trainer_state.json").read_text())["reward_scorer"]
+    state = json.loads((runs / "fused" / "checkpoints" / "step_0000004" / "trainer_state.json").read_text())["rollout"]["rewards"]["scorer"]
     assert state["names"] == ["brevity", "correctness"]
     assert state["dynamic"]["weights"] == pytest.approx([rows[-1]["reward/weight/brevity"], rows[-1]["reward/weight/correctness"]])
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from scalerl.errors import ScaleRLError
 from scalerl.models.paths import builtin_model_dir
 from scalerl.rewards.diversity import SentenceEmbedder, diversity_penalty, group_similarity, policy_embeddings
-from scalerl.rollout.base import SamplingParams
+from scalerl.types import SamplingParams
 from scalerl.rollout.hf import HFSampler
 
 
@@ -48,7 +48,7 @@ def test_policy_embeddings_equal_an_unpadded_forward_per_row():
     model = AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
     sampler = HFSampler(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
     prompts = [tokenizer(p)["input_ids"] for p in ["7+5=", "12+88=", "99+99="]]  # different lengths
-    batch = sampler.sample(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, n=3), torch.Generator().manual_seed(0))
+    batch = sampler.sample(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, n=3), seeds=[0, 1, 2])
     model.train()
     emb = policy_embeddings(model, batch, micro_batch_size=4)  # micro-batches of 4, 4, 1 rows
     assert emb.shape == (9, model.config.hidden_size) and model.training  # the mode is restored
@@ -65,7 +65,7 @@ def test_policy_embeddings_of_identical_completions_are_identical():
     model = AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
     sampler = HFSampler(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
     # greedy: the 4 completions of a prompt are the same tokens, so each group is fully collapsed
-    batch = sampler.sample([tokenizer("3+4=")["input_ids"]], SamplingParams(max_new_tokens=4, temperature=0.0, n=4), None)
+    batch = sampler.sample([tokenizer("3+4=")["input_ids"]], SamplingParams(max_new_tokens=4, temperature=0.0, n=4))
     sim = group_similarity(policy_embeddings(model, batch), batch.group_ids)
     assert torch.allclose(sim, torch.ones(4), atol=1e-5)
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from scalerl.envs.arithmetic import ArithmeticConfig, ArithmeticEnv
-from scalerl.envs.base import Completion
+from scalerl.types import Completion
 from scalerl.errors import ScaleRLError
 from scalerl.rewards.workers import RewardPool, chunk_bounds
 

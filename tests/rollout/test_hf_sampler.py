@@ -1,14 +1,15 @@
-"""The KV-cached sampler against the model's own full forward and against `generate`."""
+"""What the Hugging Face engine adds to the `Sampler` contract (test_sampler_contract.py runs that):
+agreement with `generate`, the inverse-CDF draw at its edges, and argument checking."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from scalerl.models.logprobs import completion_logprobs
 from scalerl.models.paths import builtin_model_dir
-from scalerl.rollout.base import SamplingParams
-from scalerl.rollout.hf import HFSampler
+from scalerl.rollout.hf import HFSampler, inverse_cdf
+from scalerl.types import SamplingParams
 
 PROMPTS = ["7+5=", "12+88=", "3+40=", "99+99="]  # different lengths, so left padding is exercised
 
@@ -20,34 +21,9 @@ def _setup():
     return tokenizer, model, sampler, [tokenizer(p)["input_ids"] for p in PROMPTS]
 
 
-def test_sampler_logprobs_equal_the_training_forward():
-    """The log-probs recorded while sampling (KV cache, one token at a time) are those the trainer
-    recomputes with one full forward pass: at temperature 1 the importance ratio starts at exactly 1."""
-    tokenizer, model, sampler, ids = _setup()
-    batch = sampler.sample(ids, SamplingParams(max_new_tokens=8, temperature=1.0, n=4), torch.Generator().manual_seed(0))
-    assert batch.completion_ids.shape[0] == 16 and batch.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
-    with torch.no_grad():
-        logprobs, _ = completion_logprobs(model, batch)
-    mask = batch.completion_mask.bool()
-    assert torch.allclose(logprobs[mask], batch.sampler_logprobs[mask], atol=1e-4)
-    assert (batch.sampler_logprobs[~mask] == 0).all()
-
-
-def test_masks_and_truncation_flags():
-    tokenizer, model, sampler, ids = _setup()
-    batch = sampler.sample(ids, SamplingParams(max_new_tokens=3, temperature=1.0, n=8), torch.Generator().manual_seed(1))
-    eos = tokenizer.eos_token_id
-    for row, mask, cut in zip(batch.completion_ids.tolist(), batch.completion_mask.tolist(), batch.truncated.tolist()):
-        n = sum(mask)
-        assert mask == [1] * n + [0] * (len(mask) - n)  # trained tokens come first, then padding
-        assert cut == (eos not in row[:n])  # truncated exactly when no EOS was produced
-        if not cut:
-            assert row[n - 1] == eos and all(t == tokenizer.pad_token_id for t in row[n:])
-
-
 def test_greedy_matches_transformers_generate():
     tokenizer, model, sampler, ids = _setup()
-    ours = sampler.sample(ids, SamplingParams(max_new_tokens=6, temperature=0.0), None)
+    ours = sampler.sample(ids, SamplingParams(max_new_tokens=6, temperature=0.0))
     enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     ref = model.generate(**enc, do_sample=False, max_new_tokens=6, pad_token_id=tokenizer.pad_token_id)[:, enc["input_ids"].shape[1]:]
     for mine, theirs, mask in zip(ours.completion_ids.tolist(), ref.tolist(), ours.completion_mask.tolist()):
@@ -55,9 +31,35 @@ def test_greedy_matches_transformers_generate():
         assert mine[:n] == theirs[:n]
 
 
-def test_same_generator_state_same_samples():
+def test_inverse_cdf_by_hand_and_never_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]] * 6)  # tokens 0, 2, 4 filtered out
+    # cdf = [0, 0.25, 0.25, 1, 1]: u in [0, 0.25) picks 1, u in [0.25, 1) picks 3
+    u = torch.tensor([0.0, 0.1, 0.2499, 0.25, 0.9, 1.0 - 2 ** -24])
+    assert inverse_cdf(probs, u).tolist() == [1, 1, 1, 3, 3, 3]
+    # u·total rounding up to the total (here forced with u = 1) must stay on the last kept token,
+    # not run past the end onto filtered token 4 (or out of range)
+    assert inverse_cdf(probs[:1], torch.tensor([1.0])).tolist() == [3]
+    # unnormalised rows (total 0.5): u scales with the row's own total
+    assert inverse_cdf(torch.tensor([[0.1, 0.0, 0.4]]), torch.tensor([0.19])).tolist() == [0]
+    assert inverse_cdf(torch.tensor([[0.1, 0.0, 0.4]]), torch.tensor([0.21])).tolist() == [2]
+
+
+def test_seeds_are_checked():
     _, _, sampler, ids = _setup()
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9, top_k=5, n=4)
-    a = sampler.sample(ids, params, torch.Generator().manual_seed(3))
-    b = sampler.sample(ids, params, torch.Generator().manual_seed(3))
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logprobs, b.sampler_logprobs)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0)
+    with pytest.raises(ValueError, match="`seeds`"):
+        sampler.sample(ids, params)
+    with pytest.raises(ValueError, match="`seeds` has 2 seeds for 4 prompts"):
+        sampler.sample(ids, params, [1, 2])
+
+
+def test_sync_weights_shares_or_loads_strictly():
+    tokenizer, model, sampler, _ = _setup()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sampler.sync_weights(None, 3)  # the learner's own modules: nothing to load
+    assert sampler.version == 3 and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    partial = dict(before)
+    partial.pop("lm_head.weight")
+    with pytest.raises(RuntimeError, match="lm_head.weight"):
+        sampler.sync_weights(partial, 4)  # strict: a state dict missing a weight is an error, not a half-update
+    assert sampler.version == 3

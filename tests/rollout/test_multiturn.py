@@ -15,19 +15,18 @@ from scalerl.algorithms.advantages import gae
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.envs.arithmetic import ArithmeticEnv
-from scalerl.envs.base import Task
+from scalerl.types import Task
 from scalerl.envs.calculator import CalculatorEnv
 from scalerl.envs.scoring import completions_of
 from scalerl.errors import ScaleRLError
 from scalerl.models.logprobs import completion_forward
 from scalerl.models.paths import builtin_model_dir
-from scalerl.monitor.metrics import read_metrics
-from scalerl.rollout.base import SamplingParams
+from scalerl.jsonl import read_metrics
+from scalerl.types import SamplingParams, ScoredBatch, derive_seed
 from scalerl.rollout.hf import HFSampler
 from scalerl.rollout.multiturn import sample_episodes
 from scalerl.trainer import loop
-from scalerl.trainer.objective import outcome_token_rewards
-from scalerl.trainer.step import micro_step, prepare_targets
+from scalerl.trainer.algorithm import outcome_token_rewards
 
 TASKS = [Task("12*34=", "408"), Task("7*5=", "35"), Task("99*99=", "9801")]  # different lengths: left padding
 
@@ -67,7 +66,7 @@ def _reference_episode(sampler, tokenizer, prompt: str, max_new_tokens: int, max
     prompt_ids = tokenizer(prompt)["input_ids"]
     tokens, trained = [], []
     for k in range(1, max_turns + 1):
-        turn = sampler.sample([prompt_ids + tokens], SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), None)
+        turn = sampler.sample([prompt_ids + tokens], SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
         n = int(turn.completion_mask.sum())
         ids = turn.completion_ids[0, :n].tolist()
         tokens, trained = tokens + ids, trained + [1] * n
@@ -114,7 +113,7 @@ def test_mask_is_one_exactly_on_policy_tokens(max_new_tokens):
 def test_sampler_logprobs_equal_the_training_forward_on_policy_tokens():
     tokenizer, model, sampler = _setup()
     batch, _ = sample_episodes(sampler, LengthEcho(), TASKS, tokenizer, SamplingParams(max_new_tokens=6, n=4),
-                               torch.Generator().manual_seed(0), max_turns=3)
+                               [0, 1, 2], max_turns=3)
     policy, observed = batch.completion_mask.bool(), (batch.completion_attention_mask - batch.completion_mask).bool()
     assert observed.any() and int(policy.sum()) > 3 * 12  # later turns exist
     with torch.no_grad():
@@ -125,21 +124,69 @@ def test_sampler_logprobs_equal_the_training_forward_on_policy_tokens():
     assert not torch.allclose(blind[policy], batch.sampler_logprobs[policy], atol=1e-2)
 
 
+class AddFive:
+    """Answers every turn with ` 5+`: the built-in model's next turns are then spread-out numbers (after
+    LengthEcho's observation it almost surely ends the turn at once, so seeds would not show)."""
+
+    observation = " 5+"
+
+    def step(self, task: Task, transcript):
+        return self.observation
+
+    def score(self, task, completion):
+        return 0.0
+
+
+def _reference_sampled_episode(sampler, tokenizer, prompt: str, params, seed: int, j: int, max_turns: int) -> list[int]:
+    """The tokens of AddFive episode j (the j-th completion) of one task, turn by turn: turn 1 is
+    row j of the task's own call with `seed`, turn k ≥ 2 one row seeded derive_seed(seed, j, k)."""
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    turn, row, tokens = sampler.sample([prompt_ids], params, [seed]), j, []
+    for k in range(1, max_turns + 1):
+        n = int(turn.completion_mask[row].sum())
+        tokens += turn.completion_ids[row, :n].tolist()
+        if bool(turn.truncated[row]) or k == max_turns:
+            return tokens
+        tokens += tokenizer(AddFive.observation, add_special_tokens=False)["input_ids"]
+        turn, row = sampler.sample([prompt_ids + tokens], replace(params, n=1), [derive_seed(seed, j, k + 1)]), 0
+    return tokens
+
+
+def test_later_turns_are_seeded_per_episode():
+    """Every turn of an episode depends on its task's seed alone: the same episodes whether the task
+    is sampled with others or alone, and exactly those of single-row calls with the derived seeds."""
+    tokenizer, _, sampler = _setup()
+    params, seeds = SamplingParams(max_new_tokens=6, temperature=1.0, n=3), [10, 20, 30]
+    batch, completions = sample_episodes(sampler, AddFive(), TASKS, tokenizer, params, seeds, max_turns=3)
+    later = [c.turns[2::2] for c in completions if len(c.turns) > 2]
+    assert len(later) >= 6 and len(set(later)) >= 4  # later turns were sampled, and they differ
+    alone, _ = sample_episodes(sampler, AddFive(), TASKS[1:2], tokenizer, params, seeds[1:2], max_turns=3)
+    for b in range(len(batch)):
+        i, j = divmod(b, params.n)
+        tokens = _reference_sampled_episode(sampler, tokenizer, TASKS[i].prompt, params, seeds[i], j, 3)
+        assert batch.completion_ids[b, :len(tokens)].tolist() == tokens and int(batch.completion_extent()[b].sum()) == len(tokens), b
+        if i == 1:
+            assert alone.completion_ids[j, :len(tokens)].tolist() == tokens
+
+
 def test_loss_gradient_is_zero_on_logits_that_predict_observations(runs):
-    t = loop.build_trainer(load_config(overrides=tiny_overrides(runs, "grad", **{"env.name": "calculator", "rollout.max_turns": 3})),
-                           DistContext(), resume=False)
+    config = load_config(overrides=tiny_overrides(runs, "grad", **{"env.name": "calculator", "rollout.max_turns": 3}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
     params = SamplingParams(max_new_tokens=6, n=4)
-    batch, _ = sample_episodes(t.sampler, LengthEcho(), TASKS, t.tokenizer, params, t.generator, max_turns=3)
-    batch.rewards = torch.arange(len(batch), dtype=torch.float32)  # distinct rewards: every advantage is non-zero
+    batch, completions = sample_episodes(rollout.sampler, LengthEcho(), TASKS, rollout.tokenizer, params, [1, 2, 3], max_turns=3)
+    rewards = torch.arange(len(batch), dtype=torch.float32)  # distinct rewards: every advantage is non-zero
+    scored = ScoredBatch(batch, rewards, rewards, policy_version=learner.version, prompts=[""] * len(batch),
+                         completions=[c.text for c in completions], generated_tokens=int(batch.completion_mask.sum()))
     captured = {}
 
     def keep(_module, _inputs, logits):
         logits.retain_grad()
         captured["logits"] = logits  # (B, T+1, V): column t predicts completion token t
 
-    handle = t.policy.lm_head.register_forward_hook(keep)
-    targets = prepare_targets(t, batch, beta=0.0)
-    micro_step(t, batch, targets, slice(0, len(batch)), 0.0, float(batch.completion_mask.sum()))
+    handle = learner.policy.lm_head.register_forward_hook(keep)
+    targets = learner.targets(scored, beta=0.0, need_old=False)
+    tokens = float(batch.completion_mask.sum())
+    learner.micro_step(batch, targets, slice(0, len(batch)), 0.0, tokens, tokens)
     handle.remove()
     grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # (B, T)
     observed = (batch.completion_attention_mask - batch.completion_mask).bool()
@@ -152,9 +199,9 @@ def test_single_turn_is_one_sampler_call_unchanged():
     tokenizer, _, sampler = _setup()
     ids = [tokenizer(task.prompt)["input_ids"] for task in TASKS]
     params = SamplingParams(max_new_tokens=6, n=4)
-    plain = sampler.sample(ids, params, torch.Generator().manual_seed(5))
+    plain = sampler.sample(ids, params, [5, 6, 7])
     env = LengthEcho()
-    batch, completions = sample_episodes(sampler, env, TASKS, tokenizer, params, torch.Generator().manual_seed(5), max_turns=1)
+    batch, completions = sample_episodes(sampler, env, TASKS, tokenizer, params, [5, 6, 7], max_turns=1)
     assert not env.calls and batch.completion_attention_mask.numel() == 0
     for name, value in vars(plain).items():
         assert torch.equal(value, getattr(batch, name)), name
@@ -182,11 +229,12 @@ def test_gae_and_outcome_reward_skip_observation_gaps():
 @pytest.mark.parametrize("algorithm", [{}, {"algorithm.name": "ppo"}], ids=["grpo", "ppo"])
 def test_train_step_runs_multi_turn_episodes(runs, algorithm):
     overrides = tiny_overrides(runs, "step", **{"env.name": "calculator", "rollout.max_turns": 2, **algorithm})
-    t = loop.build_trainer(load_config(overrides=overrides), DistContext(), resume=False)
-    t.env = EchoCalculator()  # every turn gets an observation, so the step trains on real two-turn episodes
-    metrics = loop.train_step(t, 1)
-    assert len(t.env.calls) > 0 and all(len(c) == 1 for c in t.env.calls)
-    assert math.isfinite(metrics["loss"]) and 0 < metrics["response_len"] <= 2 * t.config.rollout.max_new_tokens
+    config = load_config(overrides=overrides)
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    rollout.env = EchoCalculator()  # every turn gets an observation, so the step trains on real two-turn episodes
+    metrics = loop.train_step(rollout, learner, 1)
+    assert len(rollout.env.calls) > 0 and all(len(c) == 1 for c in rollout.env.calls)
+    assert math.isfinite(metrics["loss"]) and 0 < metrics["response_len"] <= 2 * config.rollout.max_new_tokens
 
 
 @pytest.mark.slow

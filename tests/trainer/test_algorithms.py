@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_overrides
 from scalerl.algorithms.kl_control import progressive_beta
 from scalerl.config import load_config
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
 
 LEARN = {"rollout.prompts_per_step": 8, "rollout.group_size": 8, "train.steps": 50, "train.threads": 2, "eval.every": 0,
@@ -106,3 +106,46 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
     rows = _run(runs, "ppo-rm", **{"train.steps": 2, "algorithm.name": "ppo", "reward.model": str(tmp_path / "rm")})
     assert all("task_reward_mean" in r and r["value_loss"] is not None for r in rows)
     assert any(r["reward_mean"] != r["task_reward_mean"] for r in rows)  # an untrained head's scores, not 0/1 checks
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"algorithm.importance_level": "sequence", "algorithm.clip_eps_low": 3e-4, "algorithm.clip_eps_high": 4e-4},
+     {"importance_level": "sequence", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "policy_loss": "clip"}),
+    ({"algorithm.delta": 1.5}, {"delta": 1.5}),
+    ({"algorithm.off_policy_mask": 0.5, "algorithm.tis_cap": 2.0}, {"off_policy_mask": 0.5, "tis_cap": 2.0}),
+    ({"algorithm.loss_agg": "constant"}, {"loss_agg": "constant", "max_new_tokens": 8, "normalizer": 16 * 8}),
+    ({"algorithm.kl.beta": 0.1, "algorithm.kl.with_ratio": True, "algorithm.kl.estimator": "k2"},
+     {"kl_with_ratio": True, "beta": 0.1, "kl_estimator": "k2"}),
+    ({"algorithm.name": "cispo", "algorithm.eps_max": 3.0}, {"policy_loss": "cispo", "eps_max": 3.0}),
+    ({"algorithm.name": "ppo", "algorithm.vf_coef": 0.25, "algorithm.value_clip": None}, {"vf_coef": 0.25, "value_clip": None}),
+    ({"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "sequence"}, {"entropy_coef": 0.01, "loss_agg": "sequence", "normalizer": 16}),
+], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy"])
+def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
+    """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.trainer import learner as learner_module
+
+    seen = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: seen.append(kw) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "variant", **overrides))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    metrics = loop.train_step(rollout, learner, 1)
+    assert seen and all(kw[k] == v for kw in seen for k, v in expected.items()), seen[0]
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
+
+
+def test_mask_truncated_completions_trains_on_no_token_of_a_cut_completion(runs, monkeypatch):
+    from scalerl.distributed.context import DistContext
+    from scalerl.trainer import learner as learner_module
+
+    masks = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: masks.append(inputs.loss_mask) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "cut", **{"algorithm.mask_truncated_completions": True, "rollout.max_new_tokens": 3}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    loop.train_step(rollout, learner, 1)
+    truncated = rollout.last_batch.rollout.truncated
+    assert 0 < int(truncated.sum()) < len(truncated)  # 3 tokens: some sums end in time, some are cut
+    [mask] = masks
+    assert (mask[truncated] == 0).all() and (mask[~truncated].sum(1) > 0).all()

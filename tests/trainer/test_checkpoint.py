@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, tiny_overrides
 from scalerl.config import load_config
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer import loop
 
@@ -51,11 +51,11 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
 
     real_step, calls = loop.train_step, {"n": 0}
 
-    def crash_at_step_5(t, step):
+    def crash_at_step_5(rollout, learner, step):
         calls["n"] += 1
         if calls["n"] == 5:  # after the step-4 checkpoint, mid-way to the next
             raise KeyboardInterrupt
-        return real_step(t, step)
+        return real_step(rollout, learner, step)
 
     monkeypatch.setattr(loop, "train_step", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):

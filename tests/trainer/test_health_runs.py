@@ -16,37 +16,41 @@ from scalerl.config import load_config
 from scalerl.envs.arithmetic import ArithmeticEnv
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import read_events
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
-from scalerl.trainer import step as step_module
+from scalerl.trainer import learner as learner_module
 
-BUILD, STEP = loop.build_trainer, loop.train_step
+BUILD, STEP = loop.build_roles, loop.train_step
 
 
 def _run(runs, name, monkeypatch, before_step=None, **extra):
-    """train() on the tiny config; `before_step(t, step)` runs at the start of every step.
-    Returns (trainer, summary, metrics rows, events)."""
+    """train() on the tiny config; `before_step(learner, step)` runs at the start of every step.
+    Returns (learner, summary, metrics rows, events)."""
     config = load_config(overrides=tiny_overrides(runs, name, **{"eval.every": 0, "log.tensorboard": False, **extra}))
     built = {}
-    monkeypatch.setattr(loop, "build_trainer", lambda *a, **k: built.setdefault("t", BUILD(*a, **k)))
+    monkeypatch.setattr(loop, "build_roles", lambda *a, **k: built.setdefault("roles", BUILD(*a, **k)))
 
-    def stepping(t, step):
+    def stepping(rollout, learner, step):
         if before_step is not None:
-            before_step(t, step)
-        return STEP(t, step)
+            before_step(learner, step)
+        return STEP(rollout, learner, step)
 
     monkeypatch.setattr(loop, "train_step", stepping)
     summary = loop.train(config)
     run = runs / name
-    return built["t"], summary, read_metrics(run), read_events(run)
+    return built["roles"][1], summary, read_metrics(run), read_events(run)
 
 
 def _poison_loss(monkeypatch, bad_steps):
     """The loss (hence every gradient) is NaN at the given steps; returns the setter for the step."""
     current = {"step": 0}
-    original = step_module.aggregate
-    monkeypatch.setattr(step_module, "aggregate",
-                        lambda *a, **k: original(*a, **k) * (math.nan if current["step"] in bad_steps else 1.0))
+    original = learner_module.rl_objective
+
+    def poisoned(*args, **kwargs):
+        loss, diagnostics = original(*args, **kwargs)
+        return loss * (math.nan if current["step"] in bad_steps else 1.0), diagnostics
+
+    monkeypatch.setattr(learner_module, "rl_objective", poisoned)
     return lambda t, step: current.update(step=step)
 
 
@@ -70,7 +74,7 @@ def test_nan_step_is_skipped_and_the_snapshot_restored(runs, monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(weights, seen[3][0]))
     assert all(torch.equal(a, b) for a, b in zip(moments, seen[3][1]))
     assert any(not torch.equal(a, b) for a, b in zip(weights, seen[4][0]))
-    assert t.config.optim.max_grad_norm == 1.0  # clipping is on for the rest of the run
+    assert t.state.max_grad_norm == 1.0 and t.state_dict()["max_grad_norm"] == 1.0  # clipping is on for the rest of the run (checkpointed)
     assert rows[3]["loss"] is None and rows[3]["health/nonfinite"] == 1.0 and rows[2].get("health/nonfinite") is None
     assert [r["step"] for r in rows] == list(range(1, 7)) and math.isfinite(rows[-1]["loss"])
     assert summary["health_events"]["nonfinite"] == 1
@@ -100,7 +104,7 @@ def test_kl_explosion_raises_beta_and_halves_the_lr(runs, monkeypatch, beta):
     assert rows[s]["beta"] == pytest.approx(expected_beta) and rows[s]["lr"] == pytest.approx(0.025)  # the next step's metrics
     assert rows[s - 1]["beta"] == pytest.approx(beta) and rows[s - 1]["lr"] == pytest.approx(0.05)
     n = len(explosions)
-    assert t.scheduler.state_dict()["base_lrs"] == pytest.approx([0.05 * 0.5 ** n])  # persistent, saved with checkpoints
+    assert t.state_dict()["lr_scale"] == pytest.approx(0.5 ** n) and t.lr() == pytest.approx(0.05 * 0.5 ** n)  # persistent, saved with checkpoints
     assert t.kl_ctl.state_dict()["scale"] == pytest.approx(1.5 ** n)
     assert rows[-1]["health/kl_explosion"] == n
 

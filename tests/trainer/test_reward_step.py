@@ -9,7 +9,7 @@ import math
 import pytest
 
 from scalerl.config import load_config
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.trainer.loop import train
 from conftest import tiny_overrides
 

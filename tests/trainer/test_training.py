@@ -10,9 +10,9 @@ import torch
 from conftest import run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
-from scalerl.monitor.metrics import read_metrics
+from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop, setup
-from scalerl.trainer import step as step_module
+from scalerl.trainer import learner as learner_module
 
 REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr", "entropy", "response_len", "tokens_per_s", "step_time_s"}
 
@@ -48,36 +48,37 @@ def test_scalerl_train_raises_reward_and_pass_rate(runs):
 
 def _build(runs, name, **extra):
     config = load_config(overrides=tiny_overrides(runs, name, **extra))
-    return loop.build_trainer(config, DistContext(), resume=False)
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    return rollout, learner
 
 
 def test_beta_zero_never_builds_or_runs_a_reference_model(runs, monkeypatch):
     def forbidden(_policy):
         raise AssertionError("the reference model must not be built when beta = 0")
 
-    monkeypatch.setattr(loop, "build_reference", forbidden)
-    t = _build(runs, "beta0")
-    assert t.reference is None
-    metrics = loop.train_step(t, 1)
+    monkeypatch.setattr(setup, "build_reference", forbidden)
+    rollout, learner = _build(runs, "beta0")
+    assert learner.reference is None
+    metrics = loop.train_step(rollout, learner, 1)
     assert metrics["kl"] is None and metrics["beta"] == 0.0
 
 
 def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
-    t = _build(runs, "beta", **{"algorithm.kl.beta": 0.1, "optim.lr": 1e-3})
-    assert t.reference is not None and not any(p.requires_grad for p in t.reference.parameters())
-    before = [p.clone() for p in t.reference.parameters()]
-    first = loop.train_step(t, 1)
-    second = loop.train_step(t, 2)
+    rollout, learner = _build(runs, "beta", **{"algorithm.kl.beta": 0.1, "optim.lr": 1e-3})
+    assert learner.reference is not None and not any(p.requires_grad for p in learner.reference.parameters())
+    before = [p.clone() for p in learner.reference.parameters()]
+    first = loop.train_step(rollout, learner, 1)
+    second = loop.train_step(rollout, learner, 2)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
     assert second["kl"] > 0.0  # after one update at lr 1e-3 they differ
-    assert all(torch.equal(a, b) for a, b in zip(before, t.reference.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.reference.parameters()))
 
 
 def _one_update(runs, name, **extra):
     torch.manual_seed(0)
-    t = _build(runs, name, **extra)
-    loop.train_step(t, 1)
-    return [p.detach().clone() for p in t.policy.parameters()]
+    rollout, learner = _build(runs, name, **extra)
+    loop.train_step(rollout, learner, 1)
+    return [p.detach().clone() for p in learner.policy.parameters()]
 
 
 @pytest.mark.parametrize("loss_agg", ["token", "sequence"])
@@ -89,28 +90,124 @@ def test_gradient_accumulation_matches_the_whole_batch(runs, loss_agg):
     assert any(not torch.equal(a, b) for a, b in zip(whole, _one_update(runs, "other", **{"optim.lr": 1e-3})))
 
 
-def test_bf16_autocast_runs_on_cpu(runs):
-    t = _build(runs, "bf16", **{"train.precision": "bf16"})
-    metrics = loop.train_step(t, 1)
-    assert torch.isfinite(torch.tensor(metrics["loss"])) and metrics["grad_norm"] > 0
+@pytest.mark.parametrize("epochs, mini, micro", [(1, None, None), (3, None, None), (2, 8, 4), (2, 4, None)])
+def test_optimizer_steps_are_epochs_times_mini_batches(runs, monkeypatch, epochs, mini, micro):
+    """Each update sees exactly one mini-batch's rows, epochs x (16 / mini) updates per step."""
+    rollout, learner = _build(runs, f"count-{epochs}-{mini}-{micro}", **{"train.epochs": epochs, "train.mini_batch_size": mini,
+                                                                       "train.micro_batch_size": micro})
+    rows_per_update, seen = [], []
+    real_step, real_micro = learner.optimizer.step, learner.micro_step
+
+    def counting_micro(rollout_, t, rows, *a, **k):
+        seen.append(rows.stop - rows.start)
+        return real_micro(rollout_, t, rows, *a, **k)
+
+    def counting_step(*a, **k):
+        rows_per_update.append(sum(seen))
+        seen.clear()
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(learner.optimizer, "step", counting_step)
+    monkeypatch.setattr(learner, "micro_step", counting_micro)
+    loop.train_step(rollout, learner, 1)
+    batch, mini_size = 16, mini or 16
+    assert rows_per_update == [mini_size] * (epochs * batch // mini_size)
+    assert learner.state.updates == epochs * batch // mini_size
+    # the lr schedule runs over every update of the run: steps x epochs x mini-batches
+    assert learner.plan.total_updates == 6 * epochs * batch // mini_size
+
+
+def test_lr_schedule_runs_per_update_with_warm_up_and_decay(runs, monkeypatch):
+    rollout, learner = _build(runs, "lr", **{"optim.lr": 0.1, "optim.warmup_steps": 2, "optim.schedule": "linear",
+                                             "train.steps": 3, "train.epochs": 2})
+    applied, real = [], learner.optimizer.step
+    monkeypatch.setattr(learner.optimizer, "step", lambda *a, **k: applied.append(learner.optimizer.param_groups[0]["lr"]) or real(*a, **k))
+    logged = [loop.train_step(rollout, learner, step)["lr"] for step in (1, 2, 3)]
+    # 3 steps x 2 epochs = 6 updates: 0.1 x [1/2, 2/2 (warm-up), then linear 1 - k/3 for k = 0..3]
+    assert applied == pytest.approx([0.05, 0.1, 0.1, 0.1 * 2 / 3, 0.1 / 3, 0.0])
+    assert logged == pytest.approx([0.05, 0.1, 0.1 / 3])  # a step's `lr` is its first update's
+
+
+def test_on_policy_is_derived_from_versions_not_assumed(runs, monkeypatch):
+    """A fresh batch learned once skips the old-log-prob forward; a batch from an older version, or one
+    learned for two epochs, gets π_old recomputed with the current weights."""
+    rollout, learner = _build(runs, "versions", **{"optim.lr": 1e-3})
+    calls = []
+    real = learner.frozen_forward
+    monkeypatch.setattr(learner, "frozen_forward", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    fresh = rollout.produce(1)
+    assert fresh.policy_version == learner.version == 0
+    metrics = learner.learn(fresh, 1)
+    assert metrics["on_policy"] == 1.0 and metrics["staleness"] == 0.0 and calls == []
+    assert metrics["ratio_mean"] == pytest.approx(1.0)
+    stale = rollout.produce(2)  # the sampler was not told about version 1
+    assert stale.policy_version == 0 and learner.version == 1
+    metrics = learner.learn(stale, 2)
+    assert metrics["on_policy"] == 0.0 and metrics["staleness"] == 1.0 and calls == [learner.policy]
+    rollout.sync_weights(None, learner.version)
+    assert rollout.produce(3).policy_version == 2
+
+
+def _matmul_dtypes(fn):
+    """The dtypes of every matrix multiply that runs inside fn(), as the kernels saw them (after autocast)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+    mm = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default, torch.ops.aten.baddbmm.default,
+          torch.ops.aten.matmul.default, torch.ops.aten.linear.default}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in mm:
+                seen.add(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("precision, dtypes", [("bf16", {torch.bfloat16}), ("fp32", {torch.float32})])
+def test_precision_policy_sets_the_dtype_the_matmuls_run_in(runs, precision, dtypes):
+    rollout, learner = _build(runs, f"dtype-{precision}", **{"train.precision": precision})
+    batch = rollout.produce(1)
+    seen = _matmul_dtypes(lambda: learner.learn(batch, 1))
+    assert seen == dtypes, seen  # every forward and backward matmul of the update
+    assert all(p.dtype == torch.float32 for p in learner.policy.parameters())  # fp32 master weights
+    assert torch.isfinite(torch.tensor(learner.lr())) and learner.state.updates == 1
+
+
+def test_config_is_frozen_and_health_responses_live_in_learner_state(runs):
+    from pydantic import ValidationError
+
+    config = load_config(overrides=tiny_overrides(runs, "frozen"))
+    with pytest.raises(ValidationError):
+        config.optim.lr = 1.0
+    _, learner = _build(runs, "state", **{"optim.max_grad_norm": None})
+    lr = learner.lr()
+    assert learner.scale_lr(0.5) == pytest.approx((lr, lr / 2))
+    state = learner.state_dict()
+    assert state["lr_scale"] == 0.5 and state["max_grad_norm"] is None and "kl_controller" in state
 
 
 def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
-    t = _build(runs, "nan")
-    original = step_module.aggregate
+    rollout, learner = _build(runs, "nan")
+    original = learner_module.rl_objective
 
     def poisoned(*args, **kwargs):
-        return original(*args, **kwargs) * float("nan")
+        loss, diagnostics = original(*args, **kwargs)
+        return loss * float("nan"), diagnostics
 
     from scalerl.errors import ScaleRLError
 
-    before = [p.detach().clone() for p in t.policy.parameters()]
-    monkeypatch.setattr(step_module, "aggregate", poisoned)
-    monkeypatch.setattr(loop, "build_trainer", lambda *a, **k: t)
+    before = [p.detach().clone() for p in learner.policy.parameters()]
+    monkeypatch.setattr(learner_module, "rl_objective", poisoned)
+    monkeypatch.setattr(loop, "build_roles", lambda *a, **k: (rollout, learner, runs / "nan"))
+    config = load_config(overrides=tiny_overrides(runs, "nan"))
     with pytest.raises(ScaleRLError, match="step 1: loss or gradient norm is not finite"):
-        loop._train(t.config, t.ctx, resume=False)
+        loop._train(config, learner.ctx, resume=False)
     # the NaN gradient was never applied, and no checkpoint holds a poisoned model
-    assert all(torch.equal(a, b) for a, b in zip(before, t.policy.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.parameters()))
     assert not (runs / "nan" / "checkpoints").exists()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from scalerl.envs.base import Task
+from scalerl.types import Task
 from scalerl.errors import ScaleRLError
 
 

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from scalerl.envs.base import Task
-from scalerl.trainer.data import PromptStream
+from scalerl.types import Task
+from scalerl.rollout.prompts import PromptStream
 
 POOL = [Task(prompt=f"p{i}", answer=str(i)) for i in range(10)]
 
@@ -102,7 +102,7 @@ def test_empty_pool_raises():
 
 
 def test_retired_prompts_are_skipped_and_survive_a_resume():
-    from scalerl.envs.base import Task
+    from scalerl.types import Task
     from scalerl.errors import ScaleRLError
 
     tasks = [Task(prompt=str(i)) for i in range(6)]

@@ -1,0 +1,100 @@
+"""The rollout side of training: prompts → sampler → environment and rewards → one `ScoredBatch`.
+
+It owns the prompt stream, the sampler, the environment and the reward pipeline, and knows the
+policy version its sampler holds. It never sees the learner: the loop hands it weights and a
+version (`sync_weights`) and takes its batches (`produce`). Today both roles live in one process;
+an asynchronous producer or a vLLM engine replaces this side without the learner noticing.
+
+Randomness is per request: prompt i of step s on rank r samples with
+`derive_seed(train.seed, "train", s, r·prompts + i)`, so a resumed run needs no generator state
+and draws exactly what the uninterrupted run drew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from scalerl.distributed.context import DistContext
+from scalerl.rewards.pipeline import RewardPipeline
+from scalerl.rollout.base import Sampler
+from scalerl.rollout.multiturn import sample_episodes
+from scalerl.rollout.prompts import PromptStream
+from scalerl.types import Rollout, SamplingParams, ScoredBatch, Task, derive_seed
+
+
+@dataclass(frozen=True)
+class BatchFilters:
+    """The rollout side's data filters (ScaleRL recipe, Khatri et al. 2025 §3)."""
+
+    zero_variance: bool = False  # mask out groups whose rewards are all equal: they carry no signal
+    retire_pass_rate: float | None = None  # no-positive-resampling: a prompt whose group pass rate reaches this leaves the pool
+
+
+class RolloutWorker:
+    def __init__(self, *, sampler: Sampler, env, tokenizer, stream: PromptStream, rewards: RewardPipeline,
+                 params: SamplingParams, filters: BatchFilters, seed: int, max_turns: int, ctx: DistContext,
+                 shares_weights: bool):
+        self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
+        self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
+        self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
+        self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
+
+    @property
+    def version(self) -> int:
+        return self.sampler.version
+
+    def seeds(self, step: int) -> list[int]:
+        first = self.ctx.rank * self.stream.per_rank
+        return [derive_seed(self.seed, "train", step, first + i) for i in range(self.stream.per_rank)]
+
+    def produce(self, step: int) -> ScoredBatch:
+        """Sample, score and filter one step's batch."""
+        tasks = self.stream.next_batch()
+        rollout, completions = sample_episodes(self.sampler, self.env, tasks, self.tokenizer, self.params, self.seeds(step),
+                                               max_turns=self.max_turns)
+        generated = int(rollout.completion_mask.sum())  # before any filtering
+        rewards, task_rewards, metrics = self.rewards(step, tasks, rollout, completions)
+        metrics.update(self.filter(tasks, rollout, rewards))
+        group_ids = rollout.group_ids.tolist()
+        batch = ScoredBatch(rollout, rewards, task_rewards, policy_version=self.version,
+                            prompts=[tasks[g].prompt for g in group_ids], completions=[c.text for c in completions],
+                            generated_tokens=generated, metrics=metrics)
+        self.last_batch = batch
+        return batch
+
+    def filter(self, tasks: list[Task], rollout: Rollout, rewards: torch.Tensor) -> dict[str, float]:
+        """Zero-variance filtering (mask out groups whose rewards are all equal) and no-positive-
+        resampling (retire prompts whose group pass rate reached the threshold). Masking instead of
+        dropping keeps every rank's batch the same shape, so collectives stay in step."""
+        G = self.params.n
+        grouped = rewards.view(-1, G)  # (P, G)
+        metrics: dict[str, float] = {}
+        if self.filters.zero_variance:
+            flat = (grouped == grouped[:, :1]).all(dim=1)  # (P,)
+            keep = (~flat).repeat_interleave(G).unsqueeze(1).to(rollout.completion_mask.dtype)  # (B, 1)
+            rollout.completion_mask = rollout.completion_mask * keep
+            flat_groups, groups = self.ctx.sum(torch.tensor([float(flat.sum()), float(len(flat))])).tolist()
+            metrics["zero_variance_frac"] = flat_groups / groups
+        if self.filters.retire_pass_rate is not None:
+            done = [tasks[g].prompt for g in range(len(tasks)) if grouped[g].mean().item() >= self.filters.retire_pass_rate]
+            self.stream.retire(self.ctx.gather_lists(done))
+            metrics["retired_prompts"] = float(len(self.stream.retired))
+        return metrics
+
+    def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """Sample with these weights (None: the shared modules already are) as policy `version` from now on."""
+        self.sampler.sync_weights(weights, version)
+
+    def state_dict(self) -> dict:
+        return {"data": self.stream.state_dict(), "rewards": self.rewards.state_dict(), "policy_version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["data"])
+        self.rewards.load_state_dict(state.get("rewards", {}))
+        self.sampler.sync_weights(None, state.get("policy_version", 0))
+
+    def close(self) -> None:
+        self.rewards.close()

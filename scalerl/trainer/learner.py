@@ -1,0 +1,270 @@
+"""The learner: consumes `ScoredBatch`es and updates the policy (and critic).
+
+    learn(batch) → targets (advantages over the global batch; old/ref log-probs) → KL guard
+                 → `optimize`: epochs × mini-batches, one optimizer update each, accumulated over
+                   micro-batches (`micro_step` → `rl_objective`) → version + 1
+
+It owns the policy, the frozen reference, the critic, the optimizer and the lr schedule, gradient
+sync and precision, and its run-time state (`LearnerState`: version, updates taken, the health
+responses' lr cut and clipping). It never assumes the batch was sampled by its current weights:
+a batch is on-policy when its `policy_version` equals the learner's and it gets exactly one update
+(`BatchPlan.single_update`); only then are π_old's log-probs the detached current ones. Otherwise
+they are recomputed with the current weights before the first update, and the sampler's own
+log-probs enter through the truncated-IS weight and the off-policy mask of the objective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from scalerl.algorithms.advantages import gae, masked_moments, whiten
+from scalerl.algorithms.kl import kl_estimate
+from scalerl.algorithms.kl_control import KLController
+from scalerl.algorithms.losses import aggregation_units, mask_truncated
+from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
+from scalerl.config import AlgorithmConfig, OptimConfig
+from scalerl.distributed.context import DistContext
+from scalerl.models.logprobs import completion_forward
+from scalerl.plan import BatchPlan, PrecisionPolicy
+from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
+from scalerl.trainer.optim import lr_factor
+from scalerl.types import Rollout, ScoredBatch
+
+
+@dataclass
+class LearnerState:
+    """What changes during a run besides weights and optimizer moments; checkpointed with it."""
+
+    version: int = 0  # policy version: +1 per learned batch (and per snapshot restore)
+    updates: int = 0  # optimizer updates applied: the lr schedule's position
+    lr_scale: float = 1.0  # persistent cut by the kl_explosion response
+    max_grad_norm: float | None = None  # optim.max_grad_norm, or 1.0 once a non-finite step turned clipping on
+
+
+@dataclass
+class Targets:
+    """What the update regresses towards, computed once per batch before any weight changes."""
+
+    loss_mask: torch.Tensor  # (B, T) what is trained on (the rollout's mask, less truncated rows if configured)
+    advantages: torch.Tensor  # (B,) per completion, or (B, T) per token (PPO)
+    old_logprobs: torch.Tensor | None  # (B, T); None: on-policy, use the detached current log-probs
+    ref_logprobs: torch.Tensor | None  # (B, T)
+    old_values: torch.Tensor | None = None  # (B, T), PPO
+    returns: torch.Tensor | None = None  # (B, T), PPO
+
+
+@dataclass
+class Snapshot:
+    """A CPU copy of the weights and optimizer state (the non-finite response's restore point)."""
+
+    version: int
+    policy: dict[str, torch.Tensor]
+    critic: dict[str, torch.Tensor] | None
+    optimizer: dict[str, Any]
+
+
+def cpu_copy(obj: Any) -> Any:
+    """A deep copy with every tensor cloned to the CPU (state dicts nest dicts and lists)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cpu_copy(v) for v in obj)
+    return obj
+
+
+class Learner:
+    def __init__(self, *, policy: torch.nn.Module, reference: torch.nn.Module | None, critic: torch.nn.Module | None,
+                 value_head: bool, optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan,
+                 precision: PrecisionPolicy, algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any],
+                 temperature: float, ctx: DistContext):
+        self.policy, self.reference, self.critic, self.value_head = policy, reference, critic, value_head
+        self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
+        self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
+        self.base_lrs = [group["lr"] for group in optimizer.param_groups]  # peak lr of each group (policy, critic)
+        self.state = LearnerState(max_grad_norm=optim.max_grad_norm)
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def autocast(self):
+        if self.precision.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.ctx.device.type, dtype=getattr(torch, self.precision.autocast_dtype))
+
+    def lr(self) -> float:
+        """The policy's learning rate for the next update."""
+        return self.base_lrs[0] * lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale
+
+    def learn(self, batch: ScoredBatch, step: int) -> dict[str, float]:
+        """One batch: targets, the KL guard, `epochs` × mini-batch updates; the policy version goes up by one."""
+        on_policy = batch.policy_version == self.state.version and self.plan.single_update
+        lr, beta = self.lr(), self.kl_ctl.beta_at(step)
+        # π_old is recomputed unless the batch is on-policy; PPO needs it for the KL-in-reward and the
+        # guard for the pre-update KL, so both take the forward pass anyway.
+        need_old = not on_policy or self.algo.name == "ppo" or self.algo.kl.max_kl is not None
+        targets = self.targets(batch, beta, need_old)
+        guard_scale, metrics = self.kl_guard(targets)
+        metrics.update(self.optimize(batch.rollout, targets, beta, guard_scale))
+        if "kl" in metrics:  # the controller follows the KL of all ranks, so every rank keeps the same β
+            kl = self.ctx.sum(torch.tensor([metrics["kl"], metrics["kl_seq"]], dtype=torch.float64)) / self.ctx.world_size
+            self.kl_ctl.update(kl[0 if self.algo.kl.level == "token" else 1].item(), n_steps=len(batch) * self.ctx.world_size)
+        metrics.update(lr=lr, beta=beta, on_policy=float(on_policy), staleness=float(self.state.version - batch.policy_version))
+        self.state.version += 1
+        return metrics
+
+    @torch.no_grad()
+    def frozen_forward(self, model: torch.nn.Module | None, batch: Rollout, *, values: bool = False) -> torch.Tensor:
+        """Log-probs (or, with `values`, critic values) of `batch` under weights that are not being
+        updated right now, micro-batch by micro-batch. (B, T)."""
+        parts = []
+        for start in range(0, len(batch), self.plan.micro_batch_size):
+            mb = batch.select(slice(start, start + self.plan.micro_batch_size))
+            with self.autocast():
+                if values:
+                    parts.append(self.values(mb).float())
+                else:
+                    parts.append(completion_forward(model, mb, temperature=self.temperature,
+                                                    fp32_head=self.precision.fp32_lm_head).logprobs.float())
+        return torch.cat(parts)
+
+    def values(self, batch: Rollout, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """V_t for every completion token, (B, T)."""
+        if not self.value_head:
+            return self.critic(batch)
+        if hidden is None:
+            hidden = completion_forward(self.policy, batch, temperature=self.temperature, with_hidden=True).hidden
+        return self.critic(hidden)
+
+    def global_outcome_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """(B,) this rank's advantages, with batch statistics taken over every rank's rewards (as TRL)."""
+        everyone = self.ctx.gather(rewards)  # (W·B,) whole groups per rank, in rank order
+        mine = slice(self.ctx.rank * len(rewards), (self.ctx.rank + 1) * len(rewards))
+        return outcome_advantages(self.algo, everyone, self.plan.group_size)[mine]
+
+    def targets(self, batch: ScoredBatch, beta: float, need_old: bool) -> Targets:
+        rollout, algo = batch.rollout, self.algo
+        mask = mask_truncated(rollout.completion_mask, rollout.truncated) if algo.mask_truncated_completions else rollout.completion_mask
+        ref_lp = self.frozen_forward(self.reference, rollout) if self.reference is not None else None
+        old_lp = self.frozen_forward(self.policy, rollout) if need_old else None
+        if algo.name != "ppo":
+            return Targets(mask, self.global_outcome_advantages(batch.rewards), old_lp, ref_lp)
+        old_values = self.frozen_forward(None, rollout, values=True)
+        token_rewards = outcome_token_rewards(batch.rewards, mask)  # (B, T)
+        if algo.kl.in_reward and ref_lp is not None and beta > 0:  # classic RLHF: r_t − β·(log π_old − log π_ref)
+            token_rewards = token_rewards - beta * (old_lp - ref_lp) * mask
+        advantages, returns = gae(token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
+        if algo.whiten_advantages:  # over the tokens of every rank
+            advantages = whiten(advantages, mask, moments=self.ctx.sum(masked_moments(advantages, mask)))
+        return Targets(mask, advantages, old_lp, ref_lp, old_values, returns)
+
+    def kl_guard(self, t: Targets) -> tuple[float, dict[str, float]]:
+        """With kl.max_kl: KL(π_θ ‖ π_ref) of the whole batch (all ranks) before the update, at kl.level;
+        the step's lr is scaled by max_kl / KL when it is above. Returns (scale, metrics)."""
+        kl_cfg = self.algo.kl
+        if kl_cfg.max_kl is None:
+            return 1.0, {}
+        kl = kl_estimate(t.old_logprobs, t.ref_logprobs, kl_cfg.estimator) * t.loss_mask  # (B, T), π_old = current weights
+        if kl_cfg.level == "token":
+            local = torch.stack([kl.sum(), t.loss_mask.sum()])
+        else:  # summed over each completion, averaged over the completions that have trained tokens
+            local = torch.stack([kl.sum(), (t.loss_mask.sum(1) > 0).sum()])
+        total, count = self.ctx.sum(local.double()).tolist()
+        pre_kl = total / count if count else 0.0
+        scale = min(1.0, kl_cfg.max_kl / pre_kl) if pre_kl > 0 else 1.0
+        return scale, {"kl_before": pre_kl, "kl_guard_scale": scale}
+
+    def optimize(self, rollout: Rollout, t: Targets, beta: float, guard_scale: float) -> dict[str, float]:
+        """`epochs` passes over the batch, one optimizer update per mini-batch, accumulating micro-batches."""
+        plan, level = self.plan, self.objective["loss_agg"]
+        sums: dict[str, float] = {}
+        for _ in range(plan.epochs):
+            for start in range(0, len(rollout), plan.mini_batch_size):
+                rows = slice(start, start + plan.mini_batch_size)
+                # The normalisers are the counts of units (tokens, completions, prompts) and of tokens of the
+                # mini-batch over all ranks, computed once: each micro-batch divides its sum by them, and
+                # gradients are summed across micro-batches and ranks, giving exactly the mini-batch's gradient.
+                counts = torch.stack([aggregation_units(t.loss_mask[rows], level, rollout.group_ids[rows],
+                                                        self.objective["max_new_tokens"]), t.loss_mask[rows].sum()])
+                normalizer, tokens = self.ctx.sum(counts.double()).tolist()
+                stats: dict[str, float] = {"loss": 0.0}
+                for micro in range(start, rows.stop, plan.micro_batch_size):
+                    diagnostics = self.micro_step(rollout, t, slice(micro, micro + plan.micro_batch_size), beta, normalizer, tokens)
+                    stats["loss"] += diagnostics.pop("loss")  # already normalised by the whole mini-batch
+                    for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
+                        stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
+                stats["grad_norm"] = self.apply_update(guard_scale)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + v
+        return {k: v / plan.updates_per_step for k, v in sums.items()}
+
+    def micro_step(self, rollout: Rollout, t: Targets, rows: slice, beta: float, normalizer: float, tokens: float) -> dict[str, float]:
+        """Forward and backward of one micro-batch; returns its detached diagnostics."""
+        mb = rollout.select(rows)
+        with self.autocast():
+            fwd = completion_forward(self.policy, mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head,
+                                     with_entropy=True, with_hidden=self.value_head)
+            values = self.values(mb, fwd.hidden).float() if t.returns is not None else None
+        logprobs = fwd.logprobs.float()
+        pick = (lambda x: None if x is None else x[rows])
+        inputs = ObjectiveInputs(
+            logprobs=logprobs, old_logprobs=logprobs.detach() if t.old_logprobs is None else t.old_logprobs[rows],
+            advantages=t.advantages[rows], loss_mask=t.loss_mask[rows], group_ids=mb.group_ids,
+            sampler_logprobs=mb.sampler_logprobs, ref_logprobs=pick(t.ref_logprobs), entropy=fwd.entropy.float(),
+            values=values, old_values=pick(t.old_values), returns=pick(t.returns))
+        in_loss = 0.0 if self.algo.kl.in_reward else beta  # PPO's KL-in-reward is already in the advantages
+        loss, diagnostics = rl_objective(inputs, **self.objective, beta=in_loss, normalizer=normalizer, token_normalizer=tokens)
+        loss.backward()
+        return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
+
+    def apply_update(self, guard_scale: float = 1.0) -> float:
+        """Sum gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
+        self.ctx.sum_gradients(self.policy)
+        if self.critic is not None:  # a separate value model, or a value head that lives outside the policy module
+            self.ctx.sum_gradients(self.critic)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        # The norm is of the summed gradient, so every rank takes the same skip and clip decision.
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.state.max_grad_norm or math.inf).item()
+        if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
+            factor = lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale * guard_scale
+            for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+                group["lr"] = base * factor
+            self.optimizer.step()
+            self.state.updates += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    # --- what the health responses change (scalerl/trainer/recovery.py) and what a checkpoint keeps ---
+
+    def scale_lr(self, factor: float) -> tuple[float, float]:
+        """Scale every later learning rate by `factor`; returns the policy's (old, new) next lr."""
+        old = self.lr()
+        self.state.lr_scale *= factor
+        return old, self.lr()
+
+    def snapshot(self) -> Snapshot:
+        critic = cpu_copy(self.critic.state_dict()) if self.critic is not None else None
+        return Snapshot(self.state.version, cpu_copy(self.policy.state_dict()), critic, cpu_copy(self.optimizer.state_dict()))
+
+    def restore(self, snap: Snapshot) -> None:
+        """Load a snapshot's weights and optimizer state (the lr schedule goes on); a new policy version."""
+        self.policy.load_state_dict(snap.policy)
+        if self.critic is not None:
+            self.critic.load_state_dict(snap.critic)
+        self.optimizer.load_state_dict(snap.optimizer)
+        self.state.version += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**asdict(self.state), "kl_controller": self.kl_ctl.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.kl_ctl.load_state_dict(state.pop("kl_controller"))
+        self.state = LearnerState(**state)
