@@ -62,7 +62,6 @@ class Targets:
 class Snapshot:
     """A CPU copy of the weights and optimizer state (the non-finite response's restore point)."""
 
-    version: int
     policy: dict[str, torch.Tensor]
     critic: dict[str, torch.Tensor] | None
     optimizer: dict[str, Any]
@@ -251,7 +250,7 @@ class Learner:
 
     def snapshot(self) -> Snapshot:
         critic = cpu_copy(self.critic.state_dict()) if self.critic is not None else None
-        return Snapshot(self.state.version, cpu_copy(self.policy.state_dict()), critic, cpu_copy(self.optimizer.state_dict()))
+        return Snapshot(cpu_copy(self.policy.state_dict()), critic, cpu_copy(self.optimizer.state_dict()))
 
     def restore(self, snap: Snapshot) -> None:
         """Load a snapshot's weights and optimizer state (the lr schedule goes on); a new policy version."""

@@ -38,7 +38,7 @@ from scalerl.trainer.setup import (
     seed_everything,
     set_threads,
 )
-from scalerl.trainer.step import train_step
+from scalerl.trainer.step import publish_weights, train_step
 from scalerl.types import SamplingParams, derive_seed
 
 __all__ = ["build_reference", "build_roles", "train", "train_step"]
@@ -94,7 +94,7 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path) -> dict[str
     state, rng = ckpt.load_checkpoint(folder, ctx=learner.ctx, model=learner.policy, optimizer=learner.optimizer, extra_modules=extra)
     learner.load_state_dict(state.pop("learner"))
     rollout.load_state_dict(state.pop("rollout"))
-    rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
+    publish_weights(rollout, learner)
     torch.set_rng_state(rng["torch"])
     return state
 

@@ -33,6 +33,7 @@ from scalerl.jsonl import read_metrics
 from scalerl.types import ScoredBatch
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.trainer.learner import Learner
+from scalerl.trainer.step import publish_weights
 
 
 def dump_samples(batch: ScoredBatch, run_dir: Path, step: int) -> str:
@@ -119,7 +120,7 @@ class HealthGuard:
         actions = ["skipped the update"]
         if self.snapshot is not None:
             learner.restore(self.snapshot)
-            rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
+            publish_weights(rollout, learner)
             actions.append(f"restored the model and optimizer of step {self.snapshot_step}")
         event.values["restored_step"] = self.snapshot_step if self.snapshot is not None else None
         if learner.state.max_grad_norm is None:

@@ -18,8 +18,14 @@ def train_step(rollout: RolloutWorker, learner: Learner, step: int) -> dict[str,
     start = time.perf_counter()
     batch = rollout.produce(step)  # sample → score → filter (scalerl/rollout/worker.py)
     stats = learner.learn(batch, step)  # advantages → old/ref log-probs → epochs of updates (scalerl/trainer/learner.py)
-    rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
+    publish_weights(rollout, learner)
     return step_metrics(batch, stats, learner.ctx, elapsed=time.perf_counter() - start)
+
+
+def publish_weights(rollout: RolloutWorker, learner: Learner) -> None:
+    """Hand the learner's current weights and version to the rollout side (only the version when the
+    sampler runs the learner's own modules)."""
+    rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
 
 
 def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: float) -> dict[str, Any]:
