@@ -28,6 +28,11 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subpro
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--reliability-doc", default=None, metavar="PATH",
+                     help="write the fault-injection suite's table of faults and outcomes (tests/reliability/) to PATH")
+
+
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     return tmp_path / "runs"
