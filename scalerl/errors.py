@@ -1,4 +1,7 @@
-"""The one exception type users see: a problem with what they asked for, and how to fix it."""
+"""The exceptions users see: a problem with what they asked for (and how to fix it), and a run
+stopped on a signal."""
+
+import signal
 
 
 class ScaleRLError(Exception):
@@ -6,3 +9,17 @@ class ScaleRLError(Exception):
 
     The message names the field, file or name at fault and says what to do instead.
     """
+
+
+class Stopped(Exception):
+    """The run stopped on a signal (SIGTERM, SIGINT) after `step`, its checkpoint written (`checkpoint`:
+    its folder; None when no step had run). `scalerl/trainer/signals.py` raises it."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str | None):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        saved = f"checkpoint saved at {checkpoint}" if checkpoint else "no step had run, nothing to save"
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; {saved}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

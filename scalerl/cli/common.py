@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -20,7 +21,11 @@ def setup_logging() -> None:
 
 def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
     """Run `fn`; a ScaleRLError becomes `error: <message>` on stderr and exit code 2 (traceback
-    only with --debug). Anything else is a bug in ScaleRL and keeps its traceback."""
+    only with --debug), and so does a full disk. A run stopped by SIGTERM/SIGINT (`Stopped`, after
+    its checkpoint) exits with 128 + the signal's number; a second signal (KeyboardInterrupt) with
+    130. Anything else is a bug in ScaleRL and keeps its traceback."""
+    from scalerl.errors import Stopped
+
     try:
         fn()
     except ScaleRLError as err:
@@ -28,24 +33,39 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
             traceback.print_exc()
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if debug:
+            traceback.print_exc()
+        print(f"error: disk full writing {err.filename or 'a file'} ({err.strerror}); free space, then resume with --resume", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Stopped as stop:
+        print(f"{stop}; resume with --resume", file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
     except KeyboardInterrupt:
-        print("interrupted; resume with --resume", file=sys.stderr)
+        print("aborted; the newest complete checkpoint is intact: resume with --resume", file=sys.stderr)
         raise SystemExit(130) from None
 
 
-def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool) -> None:
-    """Build the config, then print it (--dry-run) or train."""
+def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,
+           overwrite: bool = False) -> None:
+    """Build the config (on --resume: from the run's saved one, scalerl/resume_config.py), then print it
+    (--dry-run) or train."""
     from scalerl.checks import check_config
     from scalerl.config import dump_config, load_config
+    from scalerl.resume_config import resume_config
 
     def go() -> None:
-        config = check_config(load_config(config_path, overrides))
+        if resume and overwrite:
+            raise ScaleRLError("--resume and --overwrite contradict each other: continue the run, or replace it")
+        config = check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
         if dry_run:
             print(dump_config(config), end="")
             return
         from scalerl.trainer.loop import train  # torch is imported only now
 
-        train(config, resume=resume)
+        train(config, resume=resume, overwrite=overwrite)
 
     setup_logging()
     run_guarded(go, debug)

@@ -27,7 +27,8 @@ def train(
     name: Optional[str] = typer.Option(None, "--name", help="Run name: the run directory is <log.run_dir>/<name>."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Shorthand for --set train.steps=N."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port (--set log.metrics_port=N; 0: any free port)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest complete checkpoint."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest intact checkpoint, with its saved config (--set changes what may change mid-run)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the run folder of --name holds and start afresh."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
@@ -39,7 +40,7 @@ def train(
         overrides.append(f"train.steps={steps}")
     if metrics_port is not None:
         overrides.append(f"log.metrics_port={metrics_port}")
-    launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug)
+    launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug, overwrite=overwrite)
 
 
 app.command("report")(report)

@@ -31,7 +31,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", type=Path, default=None, help="YAML file of overrides.")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a config key (repeatable).")
     ap.add_argument("--name", default=None, help="Run name (log.name).")
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="Continue the run of --name with its saved config.")
+    ap.add_argument("--overwrite", action="store_true", help="Replace the run folder of --name.")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--debug", action="store_true")
     return ap
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     overrides: list[str] = []
     run_guarded(lambda: overrides.extend(overrides_from_args(args)), args.debug)
-    launch(args.config, overrides, dry_run=args.dry_run, resume=args.resume, debug=args.debug)
+    launch(args.config, overrides, dry_run=args.dry_run, resume=args.resume, debug=args.debug, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

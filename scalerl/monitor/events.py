@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from scalerl.jsonl import read_log, write_log_atomically
+
 SEVERITIES = ("info", "warning", "critical")
 EVENTS_FILE = "events.jsonl"
 
@@ -54,10 +56,8 @@ def post_json(url: str, payload: dict[str, Any], timeout: float) -> None:
 
 
 def read_events(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / EVENTS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The events of a run (a torn last line of a killed run dropped; [] without the file)."""
+    return read_log(Path(run_dir) / EVENTS_FILE)
 
 
 class EventLog:
@@ -79,7 +79,7 @@ class EventLog:
             return
         if resume_after is not None:
             kept = [e for e in read_events(run_dir) if e["step"] <= resume_after]
-            self.path.write_text("".join(json.dumps(e) + "\n" for e in kept))
+            write_log_atomically(self.path, kept)
             for e in kept:
                 self.counts[e["rule"]] = self.counts.get(e["rule"], 0) + 1
         self._file = open(self.path, "a", buffering=1)

@@ -117,7 +117,8 @@ class HealthMonitor:
     Rules and their event names: `kl_inactive` (info, once), `kl_band` (warning, on leaving the
     band), `kl_explosion` (critical), `nonfinite` (critical), `reward_collapse` (critical),
     `reward_plateau` (warning, once per plateau), `grad_norm` (warning, once per excursion above the
-    limit, at most once per `grad_norm.cooldown` steps), and `pass_rate_drop` (critical, judged on each
+    limit, at most once per `grad_norm.cooldown` steps), `no_signal` (warning, once per stretch of
+    `no_signal.steps` steps with all rewards equal or a zero gradient), and `pass_rate_drop` (critical, judged on each
     held-out evaluation by `evaluate_pass_rate`). A non-finite step is judged by that rule alone and
     does not enter the histories.
     """
@@ -144,6 +145,18 @@ class HealthMonitor:
         self.best_pass_rate_step = 0
         self.low_evals = 0  # evaluations in a row more than pass_rate_drop.max_drop below the best
         self.drop_said = False
+        self.no_signal_streak = 0
+        self.no_signal_said = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the rules remember (histories, streaks, what was said), JSON-ready: a checkpoint
+        keeps it, so a resumed run judges its next step exactly as the uninterrupted run would."""
+        return {k: list(v) if isinstance(v, deque) else v for k, v in vars(self).items() if k not in ("config", "completions_per_step")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            current = getattr(self, key)
+            setattr(self, key, deque(value, maxlen=current.maxlen) if isinstance(current, deque) else value)
 
     def observe(self, step: int, metrics: dict[str, Any]) -> None:
         """Add a good step to the histories (also how a resumed run replays metrics.jsonl)."""
@@ -189,6 +202,8 @@ class HealthMonitor:
                                     values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
         if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # an excursion starts
             events += self._grad_norm_event(step, metrics["grad_norm"])
+        if cfg.no_signal.enabled:
+            events += self._no_signal_event(step, metrics)
         self.observe(step, metrics)
         patience = cfg.plateau.patience
         if cfg.plateau.enabled and self.since_best == patience:  # once per plateau: a new best re-arms it
@@ -227,6 +242,22 @@ class HealthMonitor:
                       values={"grad_norm": norm, "max": cfg.max, "unannounced_excursions": self.grad_unannounced})
         self.grad_warned_at, self.grad_unannounced = step, 0
         return [event]
+
+    def _no_signal_event(self, step: int, metrics: dict[str, Any]) -> list[Event]:
+        """A warning once per stretch of `no_signal.steps` steps in a row where nothing can be learned."""
+        if metrics["reward_std"] > 1e-6 and metrics["grad_norm"] > 0:  # (a std from sums is ~1e-9, not 0, for equal rewards)
+            self.no_signal_streak, self.no_signal_said = 0, False
+            return []
+        self.no_signal_streak += 1
+        if self.no_signal_said or self.no_signal_streak < self.config.no_signal.steps:
+            return []
+        self.no_signal_said = True
+        why = (f"every reward was {metrics['reward_mean']:.4g}" if metrics["reward_std"] <= 1e-6
+               else "the gradient was 0 (every group's rewards were equal, so every advantage was 0)")
+        return [Event(step, "no_signal", "warning",
+                      f"no learning signal for {self.no_signal_streak} steps in a row: {why}, so the weights do not move; "
+                      "check the reward (reward.* and the environment's score), or sample more diversely (rollout.temperature, group_size)",
+                      values={"steps": self.no_signal_streak, "reward_mean": metrics["reward_mean"], "reward_std": metrics["reward_std"]})]
 
     def _kl_events(self, step: int, kl: float | None) -> list[Event]:
         cfg = self.config.kl

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from scalerl.jsonl import read_log, write_log_atomically
 from scalerl.monitor.sinks import Sink
 
 
@@ -58,10 +59,8 @@ class MetricsLogger:
 
     def _truncate_after(self, step: int) -> None:
         """Drop rows a crashed run wrote after its last checkpoint, so the resumed log has each step once."""
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        if self.path.exists():  # atomically: a kill now leaves the old log or the new one, never an empty one
+            write_log_atomically(self.path, [row for row in read_log(self.path) if row.get("step", 0) <= step])
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}

@@ -1,25 +1,34 @@
-"""Crash-consistent checkpoints: a complete one is never lost, a partial one is never loaded.
+"""Crash-consistent checkpoints: a complete one is never lost, a partial or damaged one is never loaded.
 
-A save writes everything into `checkpoints/step_NNNNNNN.tmp/`, fsyncs every file, writes the
-`COMPLETE` marker last, renames the folder to `step_NNNNNNN` and fsyncs the parent. Only folders
-with the marker count; rotation deletes older complete checkpoints only after the new one is
-complete, keeping `keep_last`. Leftover `.tmp` folders of a killed save are removed on resume.
+A save writes everything into `checkpoints/step_NNNNNNN.tmp/`, then `manifest.json` (every file's
+size and SHA-256), fsyncs every file, writes the `COMPLETE` marker last, renames the folder to
+`step_NNNNNNN` and fsyncs the parent. Only folders with the marker count. A save that fails (a
+full disk) removes its `.tmp` folder and raises a one-line error with the space it needed; the
+previous checkpoint is untouched. Deletion (rotation, keeping `keep_last`, only after the new one
+is complete) first renames a folder to `step_NNNNNNN.deleting`, so no marked folder is ever partial.
+
+Resume takes the newest checkpoint that verifies: its manifest's sizes and hashes match and it
+loads. A damaged one (truncated weights, a lost optimizer.pt, a garbled trainer_state.json) is
+renamed `step_NNNNNNN.damaged`, kept for inspection, and named in a warning; the run resumes from
+the next older one. Leftover `.tmp` and `.deleting` folders of a killed run are removed on resume.
 
 Contents: the model in Hugging Face format (safetensors + config.json + tokenizer, loadable with
 `from_pretrained`), `optimizer.pt` (tensors and plain containers only, read back with
 `torch.load(weights_only=True)`), `rng_rank<R>.pt` per rank, and `trainer_state.json` (step, the
 rollout side's state: data position, reward state, policy version; the learner's: version, updates
-taken, which is the lr schedule's position, health responses, β controller).
+taken, which is the lr schedule's position, health responses, β controller; the health monitor's).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -28,7 +37,10 @@ from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
 
 MARKER = "COMPLETE"
+MANIFEST = "manifest.json"
 _NAME = re.compile(r"^step_(\d{7})$")
+_LEFTOVER = re.compile(r"^step_\d{7}(\.tmp|\.deleting)?$")  # a killed save or deletion (or an unmarked folder)
+log = logging.getLogger(__name__)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -61,14 +73,74 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 
 def remove_partial(root: Path) -> list[Path]:
-    """Delete folders of saves that never completed (a crash mid-save); returns what was removed."""
+    """Delete what a killed save or deletion left (`.tmp`, `.deleting`, unmarked `step_N`); returns it.
+    `.damaged` folders (set aside by `choose_checkpoint`) are kept for the user to inspect."""
     if not root.is_dir():
         return []
     complete = set(complete_checkpoints(root))
-    partial = [p for p in root.iterdir() if p.is_dir() and p not in complete]
+    partial = [p for p in root.iterdir() if p.is_dir() and p not in complete and _LEFTOVER.match(p.name)]
     for p in partial:
         shutil.rmtree(p, ignore_errors=True)
     return partial
+
+
+def delete_checkpoint(folder: Path) -> None:
+    """Rename out of the way first (atomic; the folder stops counting as complete), then delete."""
+    doomed = folder.with_name(folder.name + ".deleting")
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(folder, doomed)
+    _fsync_dir(folder.parent)
+    shutil.rmtree(doomed)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """manifest.json: the size and SHA-256 of every file in the folder (the marker comes after it)."""
+    files = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in (MANIFEST, MARKER)}
+    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """Why the checkpoint cannot be trusted (a missing, resized or changed file), or None when its
+    files match the manifest written at save time. A checkpoint from before manifests: None."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        return f"{MANIFEST} is damaged"
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, {want['bytes']} were saved"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match its SHA-256 of save time"
+    return None
+
+
+def _expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, dict[str, torch.Tensor]]) -> int:
+    tensors = [*model.state_dict().values(), *(t for state in extra.values() for t in state.values())]
+    tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _save_failed(err: Exception, tmp: Path, root: Path, step: int, needed: int) -> ScaleRLError:
+    """Remove the partial folder; the one-line error says what failed, the space needed and what is still intact."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    free = shutil.disk_usage(root).free if root.exists() else 0
+    previous = latest_checkpoint(root)
+    kept = f"the checkpoint of step {int(previous.name[5:])} is intact" if previous else "no earlier checkpoint exists"
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:200]
+    return ScaleRLError(f"checkpoint of step {step} not saved in {root}: {reason}; it needs about {needed / 2**20:.1f} MiB, "
+                        f"{free / 2**20:.1f} MiB are free; {kept} (free space, then resume with --resume)")
 
 
 def save_checkpoint(
@@ -78,31 +150,61 @@ def save_checkpoint(
 ) -> Path:
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
-    if ctx.is_main:
+    extra_weights = extra_weights or {}
+
+    def begin() -> None:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-    ctx.barrier()
-    torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt")  # every rank's sampling stream differs
-    ctx.barrier()
-    if ctx.is_main:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        for name, state in (extra_weights or {}).items():  # e.g. PPO's critic, as `critic.safetensors`
-            save_file({k: v.contiguous() for k, v in state.items()}, tmp / f"{name}.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
-        _fsync_tree(tmp)
-        (tmp / MARKER).write_text(f"{step}\n")
-        _fsync_tree(tmp)
+
+    def finish() -> None:
+        _write_main(tmp, step, model, tokenizer, optimizer, trainer_state, extra_weights)
         if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
-            shutil.rmtree(final)
+            delete_checkpoint(final)
         os.rename(tmp, final)
         _fsync_dir(root)
+
+    phases = (begin if ctx.is_main else None, lambda: torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt"),  # each rank's own stream
+              finish if ctx.is_main else None)
+    for phase in phases:
+        if (error := _on_all_ranks(ctx, phase)) is not None:
+            if ctx.is_main:
+                raise _save_failed(error, tmp, root, step, _expected_bytes(model, optimizer, extra_weights))
+            raise ScaleRLError(f"checkpoint of step {step} not saved (rank 0 says why)")
+    if ctx.is_main:
         for old in complete_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old)
+            delete_checkpoint(old)
     ctx.barrier()
     return final
+
+
+def _on_all_ranks(ctx: DistContext, fn: Callable[[], None] | None) -> Exception | None:
+    """Run this rank's part (None: nothing), then agree: the error of this rank, a stand-in when
+    another rank failed, or None when all succeeded. Every rank takes the same branch afterwards."""
+    error = None
+    try:
+        if fn is not None:
+            fn()
+    except Exception as err:  # noqa: BLE001 - any failure of a save is reported, and its partial folder removed
+        error = err
+    if any(ctx.gather_lists([error is not None])):
+        return error or RuntimeError("another rank failed to write its part")
+    return None
+
+
+def _write_main(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
+                trainer_state: dict[str, Any], extra_weights: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Rank 0's files, then the manifest, fsynced, then the marker, fsynced."""
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for name, state in extra_weights.items():  # e.g. PPO's critic, as `critic.safetensors`
+        save_file({k: v.contiguous() for k, v in state.items()}, tmp / f"{name}.safetensors")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
+    write_manifest(tmp)
+    _fsync_tree(tmp)
+    (tmp / MARKER).write_text(f"{step}\n")
+    _fsync_tree(tmp)
 
 
 def load_model_weights(model: torch.nn.Module, folder: Path, skip: set[str] = frozenset()) -> None:
@@ -131,3 +233,39 @@ def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, o
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
     rng = torch.load(folder / f"rng_rank{ctx.rank}.pt", weights_only=True)
     return json.loads((folder / "trainer_state.json").read_text()), rng
+
+
+T = TypeVar("T")
+
+
+def load_newest_intact(root: Path, ctx: DistContext, load: Callable[[Path], T], warn: Callable[[str], None]) -> T | None:
+    """`load(folder)` of the newest complete checkpoint that verifies and loads; None without one.
+
+    A checkpoint that fails (on any rank) is renamed `<name>.damaged` by rank 0 and named in a
+    `warn` line, and the next older one is tried. The newest intact one wins, never a damaged one."""
+    for folder in reversed(complete_checkpoints(root)):
+        reason = verify_checkpoint(folder)
+        result = None
+        if reason is None:
+            try:
+                result = load(folder)
+            except ScaleRLError:
+                raise  # the run's model does not match: not damage, a wrong --resume
+            except Exception as err:  # noqa: BLE001 - whatever a damaged file raises (safetensors, pickle, JSON)
+                reason = f"it does not load ({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''})"
+        reasons = ctx.gather_lists([reason])
+        if not any(reasons):
+            return result
+        reason = next(r for r in reasons if r)
+        if ctx.is_main:
+            aside = folder.with_name(folder.name + ".damaged")
+            shutil.rmtree(aside, ignore_errors=True)
+            os.rename(folder, aside)
+            _fsync_dir(root)
+        ctx.barrier()
+        warn(f"warning: checkpoint {folder.name} is damaged ({reason}); moved it to {folder.name}.damaged and "
+             "will resume from the next older intact one")
+    if found:
+        raise ScaleRLError(f"no intact checkpoint in {root}: all {len(found)} are damaged (moved to *.damaged); "
+                           "start the run again with --overwrite")
+    return None

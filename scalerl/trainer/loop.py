@@ -22,6 +22,7 @@ from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
 from scalerl.predict.time_estimate import TimeEstimator
+from scalerl.resume_config import record_resumed_config
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.trainer import checkpoint as ckpt
@@ -38,21 +39,22 @@ from scalerl.trainer.setup import (
     seed_everything,
     set_threads,
 )
+from scalerl.trainer.signals import GracefulStop, Stopped
 from scalerl.trainer.step import publish_weights, train_step
 from scalerl.types import SamplingParams, derive_seed
 
 __all__ = ["build_reference", "build_roles", "train", "train_step"]
 
 
-def build_roles(config: Config, ctx: DistContext, resume: bool) -> tuple[RolloutWorker, Learner, Path]:
+def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> tuple[RolloutWorker, Learner, Path]:
     """The rollout side and the learner around one policy (shared in this process), and the run directory."""
+    run_dir = prepare_run_dir(config, ctx, resume, overwrite)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
     check_precision(config.train.precision, ctx.device)
     check_offload(config, ctx.device)
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, ctx.device)
-    run_dir = prepare_run_dir(config, ctx, resume)
     policy.train()
     learner = build_learner(config, ctx, policy)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast)
@@ -81,38 +83,56 @@ def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path
                          keep_last=config.checkpoint.keep_last)
 
 
-def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path) -> dict[str, Any]:
-    """Load the newest complete checkpoint; returns its trainer state ({'step': 0} when there is none)."""
+def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn=print) -> dict[str, Any]:
+    """Load the newest intact checkpoint (damaged ones are set aside with a warning); returns its
+    trainer state ({'step': 0} when there is none)."""
     root = run_dir / "checkpoints"
     if learner.ctx.is_main:
         ckpt.remove_partial(root)
     learner.ctx.barrier()
-    folder = ckpt.latest_checkpoint(root)
-    if folder is None:
-        return {"step": 0}
     extra = {"critic": learner.critic} if learner.critic is not None else {}
-    state, rng = ckpt.load_checkpoint(folder, ctx=learner.ctx, model=learner.policy, optimizer=learner.optimizer, extra_modules=extra)
-    learner.load_state_dict(state.pop("learner"))
-    rollout.load_state_dict(state.pop("rollout"))
+
+    def load(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:  # all of it, so any damage is caught here
+        state, rng = ckpt.load_checkpoint(folder, ctx=learner.ctx, model=learner.policy, optimizer=learner.optimizer,
+                                          extra_modules=extra)
+        learner.load_state_dict(state.pop("learner"))
+        rollout.load_state_dict(state.pop("rollout"))
+        return state, rng
+
+    loaded = ckpt.load_newest_intact(root, learner.ctx, load, warn)
+    if loaded is None:
+        return {"step": 0}
+    state, rng = loaded
     publish_weights(rollout, learner)
     torch.set_rng_state(rng["torch"])
     return state
 
 
-def train(config: Config, *, resume: bool = False) -> dict[str, Any]:
-    """Run (or resume) a training job; returns the summary that is also written to summary.json."""
+def train(config: Config, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+    """Run (or resume) a training job; returns the summary that is also written to summary.json.
+    SIGTERM or SIGINT: finish the step, save a checkpoint, raise `Stopped` (scalerl/trainer/signals.py)."""
     check_config(config)
     ctx = init_distributed(config.train.device)
     try:
-        return _train(config, ctx, resume)
+        with GracefulStop() as stop:
+            return _train(config, ctx, resume, overwrite, stop)
     finally:
         shutdown(ctx)
 
 
-def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
-    rollout, learner, run_dir = build_roles(config, ctx, resume)
-    state = restore(rollout, learner, run_dir) if resume else {"step": 0}
+def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop: GracefulStop) -> dict[str, Any]:
+    rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite)
+    try:
+        state = restore(rollout, learner, run_dir) if resume else {"step": 0}
+    except BaseException:
+        rollout.close()
+        raise
     start_step = state["step"]
+    if resume and start_step >= config.train.steps:  # finished: its summary stays as it was
+        rollout.close()
+        return finished_summary(run_dir, start_step, ctx)
+    if resume and ctx.is_main:
+        record_resumed_config(config, run_dir, start_step)
     logger = (MetricsLogger(run_dir, tensorboard=config.log.tensorboard, resume_after=start_step if resume else None,
                             sinks=build_sinks(config, run_dir))
               if ctx.is_main else NullLogger())
@@ -120,15 +140,15 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     if resume:
         console.print(f"resumed from step {start_step} in {run_dir}")
     health = HealthGuard(config.health, rollout, learner, run_dir, console.print, resume_after=start_step if resume else None,
-                         pass_rate_before=state.get("pass_rate_before"))
+                         pass_rate_before=state.get("pass_rate_before"), monitor_state=state.pop("health", None))
     wall_start = time.perf_counter()
-    if "pass_rate_before" not in state:
-        state["pass_rate_before"] = evaluate(config, rollout, 0)
-        health.check_pass_rate(0, state["pass_rate_before"])  # the best so far starts at the untrained model's
-    state["last_pass_rate"] = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
-    eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
     try:
-        times = _steps(config, rollout, learner, run_dir, state, health, eta, logger, console, wall_start)
+        if "pass_rate_before" not in state:
+            state["pass_rate_before"] = evaluate(config, rollout, 0)
+            health.check_pass_rate(0, state["pass_rate_before"])  # the best so far starts at the untrained model's
+        state["last_pass_rate"] = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
+        eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
+        times = _steps(config, rollout, learner, run_dir, state, health, eta, logger, console, wall_start, stop)
         phase = health.finish(config.train.steps)
     finally:
         rollout.close()
@@ -151,13 +171,32 @@ def _train(config: Config, ctx: DistContext, resume: bool) -> dict[str, Any]:
     return summary
 
 
+def finished_summary(run_dir: Path, step: int, ctx: DistContext) -> dict[str, Any]:
+    """Resuming a run that already reached train.steps: nothing to do; its summary.json is returned unchanged."""
+    if ctx.is_main:
+        print(f"{run_dir} already finished at step {step}; nothing to do (continue it with --set train.steps=N, N > {step})")
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {"steps": step, "run_dir": str(run_dir)}
+
+
 def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path, state: dict[str, Any], health: HealthGuard,
-           eta: TimeEstimator, logger, console, wall_start: float) -> dict[str, float]:
-    """step → health → evaluate → log → checkpoint, from the state's step to the last; returns the time totals."""
-    start_step = state["step"]
+           eta: TimeEstimator, logger, console, wall_start: float, stop: GracefulStop) -> dict[str, float]:
+    """step → health → evaluate → log → checkpoint, from the state's step to the last; returns the time totals.
+    A stop request (a signal) is honoured between steps: checkpoint the last finished step, raise `Stopped`."""
+    start_step = saved = state["step"]
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
+
+    def checkpoint(step: int) -> None:
+        nonlocal saved
+        save(config, rollout, learner, run_dir, step, {**{k: v for k, v in state.items() if k != "step"}, "health": health.state_dict()})
+        saved = step
+
     for step in range(start_step + 1, config.train.steps + 1):
+        if (signum := stop.requested(learner.ctx)) is not None:
+            if saved != step - 1:
+                checkpoint(step - 1)
+            raise Stopped(signum, step - 1, str(run_dir / "checkpoints" / f"step_{step - 1:07d}") if step > 1 else None)
         metrics = train_step(rollout, learner, step)
         train_time += metrics["step_time_s"]
         train_tokens += metrics["tokens"]
@@ -178,7 +217,7 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
         final = step == config.train.steps
         if (config.checkpoint.every and step % config.checkpoint.every == 0) or (final and config.checkpoint.save_final):
             save_start = time.perf_counter()
-            save(config, rollout, learner, run_dir, step, {k: v for k, v in state.items() if k != "step"})
+            checkpoint(step)
             save_time += time.perf_counter() - save_start
     return {"train_time_s": train_time, "loop_time_s": time.perf_counter() - loop_start - eval_time - save_time,  # steps and logging only
             "eval_time_s": eval_time, "checkpoint_time_s": save_time, "tokens_per_s": train_tokens / max(train_time, 1e-9)}

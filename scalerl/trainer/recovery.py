@@ -50,13 +50,15 @@ class HealthGuard:
     """Runs the health rules after every step, applies the responses and logs the events."""
 
     def __init__(self, cfg: HealthConfig, rollout: RolloutWorker, learner: Learner, run_dir: Path, printer: Callable[[str], None], *,
-                 resume_after: int | None = None, pass_rate_before: float | None = None):
+                 resume_after: int | None = None, pass_rate_before: float | None = None, monitor_state: dict[str, Any] | None = None):
         self.cfg, self.rollout, self.learner, self.run_dir, ctx = cfg, rollout, learner, run_dir, learner.ctx
         self.monitor = HealthMonitor(cfg, completions_per_step=learner.plan.batch_size * ctx.world_size)
         self.log = EventLog(run_dir, write=ctx.is_main, printer=lambda m: printer(escape(m)),
                             webhook_url=self.cfg.webhook_url, webhook_timeout_s=self.cfg.webhook_timeout_s,
                             resume_after=resume_after)
-        if resume_after and (run_dir / "metrics.jsonl").exists():  # the windows continue where the run left off
+        if monitor_state is not None:  # the rules' memory as the checkpoint saved it: the windows continue exactly
+            self.monitor.load_state_dict(monitor_state)
+        elif resume_after and (run_dir / "metrics.jsonl").exists():  # a checkpoint from before that: replay the log
             if pass_rate_before is not None:
                 self.monitor.evaluate_pass_rate(0, pass_rate_before)
             for row in read_metrics(run_dir):
@@ -65,6 +67,9 @@ class HealthGuard:
         keep = self.cfg.enabled and self.cfg.nonfinite.enabled and self.cfg.nonfinite.snapshot_every
         self.snapshot = learner.snapshot() if keep else None
         self.snapshot_step = resume_after or 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.monitor.state_dict()
 
     def check(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
         """Evaluate the rules on the step's metrics, respond, log; returns the `health/*` metrics.

@@ -6,6 +6,7 @@ import copy
 import logging
 import os
 import random
+import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from scalerl.config import Config, dump_config
 from scalerl.distributed.context import DistContext
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
+from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
 from scalerl.rollout.prompts import PromptStream
@@ -52,15 +54,26 @@ def check_offload(config: Config, device: torch.device) -> None:
         raise ScaleRLError("optim.offload=true on GPU is not available yet (planned with the memory-modes work); set it to false")
 
 
-def prepare_run_dir(config: Config, ctx: DistContext, resume: bool) -> Path:
-    """runs/<name>/ with the resolved config; on resume the folder must exist already."""
+def prepare_run_dir(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> Path:
+    """runs/<name>/ with the resolved config. A new run refuses a folder that holds a run (anything
+    beside a config.yaml) unless `overwrite`, which empties it first; a resume needs the run there, may
+    change only what can change mid-run (`check_resume`), and leaves config.yaml to be rewritten once
+    its checkpoint has loaded."""
     if resume and config.log.name is None:
         raise ScaleRLError("--resume needs the run's name: add --name NAME (or set log.name)")
     name = config.log.name or datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = config.log.run_dir / name
-    if resume and not (run_dir / "config.yaml").is_file():
-        raise ScaleRLError(f"--resume: {run_dir} holds no run to resume; pass the same log.name as the run you resume")
+    if resume:
+        check_resume(config, run_dir)
+        return run_dir
+    held = [p.name for p in run_dir.iterdir() if p.name != "config.yaml"] if run_dir.is_dir() else []
+    if held and not overwrite:
+        raise ScaleRLError(f"log.name: {run_dir} already holds a run ({', '.join(sorted(held)[:3])}); continue it with --resume, "
+                           "replace it with --overwrite, or choose another --name")
+    ctx.barrier()  # every rank has looked before rank 0 empties the folder
     if ctx.is_main:
+        if held:
+            shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(dump_config(config))
     ctx.barrier()

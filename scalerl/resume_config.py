@@ -1,0 +1,94 @@
+"""A resumed run starts from its own saved config (`<run_dir>/config.yaml`), not from the defaults.
+
+    scalerl train --name r --resume                         # exactly the run's config
+    scalerl train --name r --resume --set train.steps=600   # ... with this change, recorded
+
+`resume_config` builds it: the saved config <- the `--config` file's keys <- `--set` overrides.
+`check_resume` refuses changes that cannot happen mid-run (the model, the environment, the batch
+shape, the algorithm, the seed) with one line; the others are applied, printed and recorded by
+`record_resumed_config`: config.yaml becomes the config in force (written atomically, and only once
+the checkpoint has loaded) and `config_changes.jsonl` gets one line per resume that changed
+something: {"resumed_at_step", "changes": {key: [old, new]}}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from scalerl.config import Config, dump_config, load_config, parse_override, read_yaml_mapping
+from scalerl.errors import ScaleRLError
+
+FIXED = ("model.", "env.", "algorithm.name", "algorithm.critic", "rollout.prompts_per_step", "rollout.group_size",
+         "train.mini_batch_size", "train.epochs", "train.seed", "preset")
+LOCATION = ("log.run_dir", "log.name")  # where the run is: given to find it, never a change
+CHANGES_FILE = "config_changes.jsonl"
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists and other values are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def saved_config(run_dir: Path) -> Config:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise ScaleRLError(f"--resume: {run_dir} holds no run to resume; pass the same log.name (and log.run_dir) as the run you resume")
+    return load_config(path)
+
+
+def resume_config(config_path: Path | None, overrides: list[str]) -> Config:
+    """The config of `--resume`: the run's saved config with the file's keys and the overrides on top."""
+    located = load_config(config_path, overrides)
+    if located.log.name is None:
+        raise ScaleRLError("--resume needs the run's name: add --name NAME (or set log.name)")
+    run_dir = located.log.run_dir / located.log.name
+    saved_config(run_dir)  # a clear error when there is no run there
+    items = flatten(read_yaml_mapping(config_path, "model:, env:, ..."))
+    items.update(parse_override(item) for item in overrides)
+    items.update({"log.run_dir": str(located.log.run_dir), "log.name": located.log.name})
+    return load_config(run_dir / "config.yaml", items)
+
+
+def config_changes(old: Config, new: Config) -> dict[str, list[Any]]:
+    """{dotted key: [old value, new value]} for every key whose value differs (the run's location aside)."""
+    before, after = flatten(old.model_dump(mode="json")), flatten(new.model_dump(mode="json"))
+    return {k: [before.get(k), after.get(k)] for k in sorted(before.keys() | after.keys())
+            if before.get(k) != after.get(k) and k not in LOCATION}
+
+
+def check_resume(config: Config, run_dir: Path) -> dict[str, list[Any]]:
+    """The changes a resume makes to the run's saved config; a one-line error for one that cannot be made mid-run."""
+    changes = config_changes(saved_config(run_dir), config)
+    fixed = [k for k in changes if k.startswith(FIXED)]
+    if fixed:
+        key = fixed[0]
+        old, new = changes[key]
+        more = f" (and {len(fixed) - 1} more)" if len(fixed) > 1 else ""
+        raise ScaleRLError(f"--resume: {key} cannot change mid-run ({old!r} -> {new!r}){more}; drop that override to resume "
+                           f"{run_dir}, or start a new run under another --name")
+    return changes
+
+
+def record_resumed_config(config: Config, run_dir: Path, step: int) -> dict[str, list[Any]]:
+    """After the checkpoint loaded: print the changes, make config.yaml the config in force, log them."""
+    changes = check_resume(config, run_dir)
+    if not changes:
+        return changes
+    print("resume changes the run's config: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(dump_config(config))
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / "config.yaml")
+    with open(run_dir / CHANGES_FILE, "a") as f:
+        f.write(json.dumps({"resumed_at_step": step, "changes": changes}) + "\n")
+    return changes
