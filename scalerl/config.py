@@ -351,6 +351,12 @@ class HealthPhaseConfig(_Section):
     oscillation_ratio: float = Field(3.0, gt=0, description="oscillating: residual std > this x the reward mean's sampling error, and the step-to-step direction flips on at least half the steps.")
 
 
+class HealthNoSignalConfig(_Section):
+    enabled: bool = True
+    steps: int = Field(5, ge=1, description="Warn once after this many steps in a row with no learning signal: every reward "
+                       "of the step equal, or a zero gradient (advantages all 0, so the weights do not move).")
+
+
 class HealthConfig(_Section):
     enabled: bool = Field(True, description="Health rules every step: events.jsonl, console lines, health/* metrics, automatic responses.")
     window: int = Field(20, ge=2, description="Recent steps the collapse and KL-jump rules compare against.")
@@ -364,6 +370,7 @@ class HealthConfig(_Section):
     grad_norm: HealthGradNormConfig = Field(default_factory=HealthGradNormConfig)
     pass_rate_drop: HealthPassRateDropConfig = Field(default_factory=HealthPassRateDropConfig)
     phase: HealthPhaseConfig = Field(default_factory=HealthPhaseConfig)
+    no_signal: HealthNoSignalConfig = Field(default_factory=HealthNoSignalConfig)
 
 
 ALGORITHMS: dict[str, type[BaseModel]] = {
