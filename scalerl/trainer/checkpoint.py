@@ -241,9 +241,13 @@ T = TypeVar("T")
 def load_newest_intact(root: Path, ctx: DistContext, load: Callable[[Path], T], warn: Callable[[str], None]) -> T | None:
     """`load(folder)` of the newest complete checkpoint that verifies and loads; None without one.
 
-    A checkpoint that fails (on any rank) is renamed `<name>.damaged` by rank 0 and named in a
-    `warn` line, and the next older one is tried. The newest intact one wins, never a damaged one."""
-    for folder in reversed(complete_checkpoints(root)):
+    A checkpoint that fails (on any rank) is renamed `<name>.damaged` by rank 0 and named in a `warn`
+    line, and the next older one is tried: the newest intact one wins, never a damaged one. When
+    every one is damaged (the model may hold part of one by then) it is a one-line error, not a
+    silent restart. A checkpoint whose files match their manifest but that does not load is not
+    damaged: it belongs to another config (a one-line error, the checkpoint left as it is)."""
+    found = list(reversed(complete_checkpoints(root)))
+    for folder in found:
         reason = verify_checkpoint(folder)
         result = None
         if reason is None:
@@ -252,7 +256,11 @@ def load_newest_intact(root: Path, ctx: DistContext, load: Callable[[Path], T], 
             except ScaleRLError:
                 raise  # the run's model does not match: not damage, a wrong --resume
             except Exception as err:  # noqa: BLE001 - whatever a damaged file raises (safetensors, pickle, JSON)
-                reason = f"it does not load ({type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''})"
+                what = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+                if (folder / MANIFEST).is_file():
+                    raise ScaleRLError(f"checkpoint {folder} is intact but does not load into this run ({what}); "
+                                       "resume with the run's own config (drop the overrides that changed it)") from None
+                reason = f"it does not load ({what})"
         reasons = ctx.gather_lists([reason])
         if not any(reasons):
             return result

@@ -8,9 +8,10 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -83,7 +84,7 @@ def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path
                          keep_last=config.checkpoint.keep_last)
 
 
-def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn=print) -> dict[str, Any]:
+def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Callable[[str], None] = print) -> dict[str, Any]:
     """Load the newest intact checkpoint (damaged ones are set aside with a warning); returns its
     trainer state ({'step': 0} when there is none)."""
     root = run_dir / "checkpoints"
@@ -123,7 +124,8 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False) -> d
 def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop: GracefulStop) -> dict[str, Any]:
     rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite)
     try:
-        state = restore(rollout, learner, run_dir) if resume else {"step": 0}
+        warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
+        state = restore(rollout, learner, run_dir, warn) if resume else {"step": 0}
     except BaseException:
         rollout.close()
         raise
