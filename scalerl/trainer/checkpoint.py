@@ -21,6 +21,7 @@ taken, which is the lr schedule's position, health responses, β controller; the
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -138,7 +139,10 @@ def _save_failed(err: Exception, tmp: Path, root: Path, step: int, needed: int) 
     free = shutil.disk_usage(root).free if root.exists() else 0
     previous = latest_checkpoint(root)
     kept = f"the checkpoint of step {int(previous.name[5:])} is intact" if previous else "no earlier checkpoint exists"
-    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:200]
+    if (isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)) or free < needed:
+        reason = "No space left on device"  # torch.save says only "unexpected pos ..." when the disk fills
+    else:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).splitlines()[0][:200]
     return ScaleRLError(f"checkpoint of step {step} not saved in {root}: {reason}; it needs about {needed / 2**20:.1f} MiB, "
                         f"{free / 2**20:.1f} MiB are free; {kept} (free space, then resume with --resume)")
 
