@@ -36,6 +36,7 @@ from scalerl.trainer.setup import (
     build_rollout,
     check_offload,
     check_precision,
+    check_run_dir,
     prepare_run_dir,
     seed_everything,
     set_threads,
@@ -49,13 +50,14 @@ __all__ = ["build_reference", "build_roles", "train", "train_step"]
 
 def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> tuple[RolloutWorker, Learner, Path]:
     """The rollout side and the learner around one policy (shared in this process), and the run directory."""
-    run_dir = prepare_run_dir(config, ctx, resume, overwrite)  # first: a refused resume or reuse loads nothing
+    run_dir = check_run_dir(config, resume, overwrite)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
     check_precision(config.train.precision, ctx.device)
     check_offload(config, ctx.device)
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, ctx.device)
+    prepare_run_dir(config, ctx, run_dir, resume)  # only once the model loaded: a run that cannot start leaves nothing
     policy.train()
     learner = build_learner(config, ctx, policy)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast)

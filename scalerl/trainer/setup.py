@@ -54,11 +54,10 @@ def check_offload(config: Config, device: torch.device) -> None:
         raise ScaleRLError("optim.offload=true on GPU is not available yet (planned with the memory-modes work); set it to false")
 
 
-def prepare_run_dir(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> Path:
-    """runs/<name>/ with the resolved config. A new run refuses a folder that holds a run (anything
-    beside a config.yaml) unless `overwrite`, which empties it first; a resume needs the run there, may
-    change only what can change mid-run (`check_resume`), and leaves config.yaml to be rewritten once
-    its checkpoint has loaded."""
+def check_run_dir(config: Config, resume: bool, overwrite: bool = False) -> Path:
+    """Where the run goes, checked before anything loads (and nothing written): a new run refuses a
+    folder that holds a run (anything beside a config.yaml) unless `overwrite`; a resume needs the
+    run there and may change only what can change mid-run (`check_resume`)."""
     if resume and config.log.name is None:
         raise ScaleRLError("--resume needs the run's name: add --name NAME (or set log.name)")
     name = config.log.name or datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -70,14 +69,21 @@ def prepare_run_dir(config: Config, ctx: DistContext, resume: bool, overwrite: b
     if held and not overwrite:
         raise ScaleRLError(f"log.name: {run_dir} already holds a run ({', '.join(sorted(held)[:3])}); continue it with --resume, "
                            "replace it with --overwrite, or choose another --name")
+    return run_dir
+
+
+def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: bool) -> None:
+    """A new run: empty the folder (`check_run_dir` allowed it), write the resolved config. A resume
+    leaves config.yaml to be rewritten once its checkpoint has loaded."""
+    if resume:
+        return
     ctx.barrier()  # every rank has looked before rank 0 empties the folder
     if ctx.is_main:
-        if held:
+        if run_dir.is_dir():
             shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(parents=True)
         (run_dir / "config.yaml").write_text(dump_config(config))
     ctx.barrier()
-    return run_dir
 
 
 def build_reference(policy: torch.nn.Module) -> torch.nn.Module:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_overrides
+from scalerl.trainer.signals import GracefulStop
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.jsonl import read_metrics
@@ -205,7 +206,7 @@ def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
     monkeypatch.setattr(loop, "build_roles", lambda *a, **k: (rollout, learner, runs / "nan"))
     config = load_config(overrides=tiny_overrides(runs, "nan"))
     with pytest.raises(ScaleRLError, match="step 1: loss or gradient norm is not finite"):
-        loop._train(config, learner.ctx, resume=False)
+        loop._train(config, learner.ctx, False, False, GracefulStop())
     # the NaN gradient was never applied, and no checkpoint holds a poisoned model
     assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.parameters()))
     assert not (runs / "nan" / "checkpoints").exists()
