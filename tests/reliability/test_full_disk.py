@@ -47,3 +47,18 @@ def test_a_full_disk_fails_the_save_cleanly_and_the_run_resumes_after(small_disk
     fault("disk", "disk full during the second checkpoint (20 MiB tmpfs, 13 MiB per checkpoint)",
           f"exit 2, one line: {lines[0].split(' in ')[0]}: ...{lines[0].split(': ', 2)[2].split('; (free')[0][:150]}; "
           "no .tmp left; step 2 verified; after freeing space --resume ended identical to the run with room")
+
+
+def test_a_full_disk_outside_a_save_is_one_line_and_exit_2(capsys, fault):
+    import errno
+
+    from scalerl.cli.common import run_guarded
+
+    def write_log():
+        raise OSError(errno.ENOSPC, "No space left on device", "runs/r/metrics.jsonl")
+
+    with pytest.raises(SystemExit) as code:
+        run_guarded(write_log, debug=False)
+    err = capsys.readouterr().err.strip()
+    assert code.value.code == 2 and "\n" not in err and err.startswith("error: disk full writing runs/r/metrics.jsonl")
+    fault("disk", "disk full while appending to metrics.jsonl (ENOSPC from a write)", f"exit 2, one line: {err}")
