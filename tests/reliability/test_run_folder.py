@@ -22,6 +22,23 @@ from scalerl.trainer import loop
 SHORT = {"train.steps": 4, "checkpoint.every": 2}
 
 
+def _stopped_before(stop_step, runs, name, **extra):
+    """Train until a KeyboardInterrupt at the start of step `stop_step` (as an abort leaves a run)."""
+    real_step = loop.train_step
+
+    def crash(rollout, learner, step):
+        if step == stop_step:
+            raise KeyboardInterrupt
+        return real_step(rollout, learner, step)
+
+    loop.train_step = crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(runs, name, **extra)
+    finally:
+        loop.train_step = real_step
+
+
 def test_a_used_run_name_is_refused_without_resume_or_overwrite(runs, fault):
     train(runs, "run", **SHORT)
     before = (runs / "run" / "metrics.jsonl").read_bytes()
@@ -39,19 +56,7 @@ def test_resume_starts_from_the_saved_config(runs, fault):
     shutil.copytree(ROOT / "scalerl" / "models" / "builtin", model)
     custom = {"train.steps": 6, "checkpoint.every": 2, "model.path": str(model), "rollout.max_new_tokens": 6}
     run = runs / "run"
-    real_step = loop.train_step
-
-    def crash_at_step_5(rollout, learner, step):
-        if step == 5:
-            raise KeyboardInterrupt
-        return real_step(rollout, learner, step)
-
-    loop.train_step = crash_at_step_5
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train(runs, "run", **custom)
-    finally:
-        loop.train_step = real_step
+    _stopped_before(5, runs, "run", **custom)
     saved = (run / "config.yaml").read_text()
     where = [f"log.run_dir={runs}", "log.name=run", "log.console=none"]
 
@@ -85,19 +90,7 @@ def test_resuming_a_finished_run_leaves_it_as_it_was(runs, fault):
 def test_resumed_metrics_equal_the_uninterrupted_run_health_counters_included(runs, fault, variant):
     extra = {"algorithm.kl.beta": 0.0} if variant.startswith("no reference") else {}
     train(runs, "straight", **extra)
-    real_step = loop.train_step
-
-    def crash_at_step_7(rollout, learner, step):
-        if step == 7:
-            raise KeyboardInterrupt
-        return real_step(rollout, learner, step)
-
-    loop.train_step = crash_at_step_7
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train(runs, "resumed", **extra)
-    finally:
-        loop.train_step = real_step
+    _stopped_before(7, runs, "resumed", **extra)
     train(runs, "resumed", resume=True, **extra)
     assert same_run(runs / "resumed", runs / "straight", 8)
     rows = without_timing(read_metrics(runs / "resumed"))
