@@ -9,6 +9,8 @@ No torch import here, so `scalerl --help` and `--dry-run` stay instant.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -30,7 +32,8 @@ from scalerl.plan import BatchPlan, PrecisionPolicy, batch_plan, precision_polic
 class _Section(BaseModel):
     # Frozen: the config is read, never written, once built; what changes during a run (a health
     # response's lr cut or clipping) is the learner's state (scalerl/trainer/learner.py).
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: no float setting means anything at inf or nan (`optim.lr=.inf` is a typo).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -226,8 +229,8 @@ class RewardConfig(_Section):
 
 class OptimConfig(_Section):
     lr: float = Field(1e-4, gt=0, description="AdamW peak learning rate.")
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW's moment decay rates, each in [0, 1).")
+    eps: float = Field(1e-8, gt=0, description="AdamW's denominator term.")
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over these optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to min_lr_ratio*lr at the last step.")
@@ -235,13 +238,20 @@ class OptimConfig(_Section):
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
     offload: bool = Field(False, description="Keep optimizer states on the CPU (GPU runs); a no-op on CPU.")
 
+    @field_validator("betas")
+    @classmethod
+    def _betas_below_one(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in betas):
+            raise ValueError("each beta must be in [0, 1), e.g. [0.9, 0.999]")
+        return betas
+
 
 class TrainConfig(_Section):
     steps: int = Field(300, ge=1, description="Training steps; each samples a fresh batch.")
     epochs: int = Field(1, ge=1, description="Optimisation passes over each sampled batch.")
     mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")
     micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63, description="Seeds the run (torch, Python, the prompt order, the samplers).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's choice.")
     precision: Literal["fp32", "bf16", "fp8"] = Field("fp32", description="bf16 autocast works on CPU and GPU; fp8 needs an H100-class GPU.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -281,6 +291,22 @@ class LogConfig(_Section):
     sinks: list[Literal["wandb", "mlflow"]] = Field(default_factory=list, description="Also send step metrics to Weights & Biases and/or MLflow (needs the package: pip install wandb / mlflow).")
     project: str = Field("scalerl", description="W&B project and MLflow experiment name for log.sinks.")
     mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; null: MLflow's own default (MLFLOW_TRACKING_URI or ./mlruns).")
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder_name(cls, name: str | None) -> str | None:
+        if name is None:
+            return name
+        if name in ("", ".", "..") or any(c in name for c in "/\\\0") or len(name.encode(errors="surrogatepass")) > 255:
+            raise ValueError("must be one folder name inside log.run_dir (no '/', '\\', '.' or '..', at most 255 bytes)")
+        return name
+
+    @field_validator("run_dir")
+    @classmethod
+    def _no_nul(cls, run_dir: Path) -> Path:
+        if "\0" in str(run_dir):
+            raise ValueError("holds a NUL character; give a folder path")
+        return run_dir
 
     @field_validator("sinks")
     @classmethod
@@ -390,6 +416,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _group_relative(algo: BaseModel) -> bool:
+    """Whether the advantages are relative to the prompt's own group (0 for a group of one)."""
+    return algo.name in ("grpo", "cispo", "rloo") or (algo.name == "reinforce_pp" and algo.baseline == "group")
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in over.items():
@@ -429,15 +460,18 @@ class Config(_Section):
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and isinstance(data.get("algorithm"), dict) and "name" not in data["algorithm"] \
-                and data.get("preset") not in PRESETS:
-            data = {**data, "algorithm": {"name": "grpo", **data["algorithm"]}}  # the union's default member
-        if not isinstance(data, dict) or data.get("preset") not in PRESETS:
+        if not isinstance(data, dict):
             return data
-        preset = PRESETS[data["preset"]]
+        name = data.get("preset")
+        known = isinstance(name, str) and name in PRESETS  # anything else is the schema's to report, naming `preset`
+        if isinstance(data.get("algorithm"), dict) and "name" not in data["algorithm"] and not known:
+            data = {**data, "algorithm": {"name": "grpo", **data["algorithm"]}}  # the union's default member
+        if not known or not isinstance(data.get("algorithm") or {}, dict):  # not a section: the schema reports `algorithm`
+            return data
+        preset = PRESETS[name]
         wanted = (data.get("algorithm") or {}).get("name", preset["algorithm"]["name"])
         if wanted != preset["algorithm"]["name"]:
-            raise ValueError(f"preset {data['preset']} uses algorithm.name={preset['algorithm']['name']}; drop algorithm.name={wanted} or the preset")
+            raise ValueError(f"preset {name} uses algorithm.name={preset['algorithm']['name']}; drop algorithm.name={wanted} or the preset")
         return _merge(preset, data)
 
     _plan: BatchPlan = PrivateAttr()
@@ -459,6 +493,10 @@ class Config(_Section):
                              f"rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
         if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
+        if self.rollout.group_size == 1 and _group_relative(self.algorithm):
+            raise ValueError(f"rollout.group_size=1 with algorithm.name={self.algorithm.name}: each completion's baseline is its own "
+                             "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "
+                             "or reinforce_pp with baseline=batch")
         return self
 
     @property
@@ -484,7 +522,21 @@ def _location(loc: tuple) -> tuple:
     return tuple(parts)
 
 
+_NAMES_A_KEY = re.compile(r"^[a-z_]+\.[a-z_.]+[=: ]")
+
+
+def _shown(value: Any) -> str:
+    """A user's value in a one-line message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _format_error(err: ValidationError) -> str:
+    """The first error, on one line, naming the dotted key."""
+    return " ".join(_first_error(err).splitlines())
+
+
+def _first_error(err: ValidationError) -> str:
     first = err.errors()[0]
     loc = _location(first["loc"])
     where = ".".join(str(p) for p in loc)
@@ -495,8 +547,10 @@ def _format_error(err: ValidationError) -> str:
         allowed = ", ".join(parent.model_fields) if parent else ""
         return f"{where}: unknown key; allowed here: {allowed}"
     if first["type"] == "literal_error":
-        return f"{where}: {msg} (got {first['input']!r})"
-    return f"{where or 'config'}: {msg}" + (f" (got {first['input']!r})" if where and "input" in first and not isinstance(first["input"], dict) else "")
+        return f"{where}: {msg} (got {_shown(first['input'])})"
+    if not where and _NAMES_A_KEY.match(msg):  # a cross-field check whose message starts with the key at fault
+        return msg
+    return f"{where or 'config'}: {msg}" + (f" (got {_shown(first['input'])})" if where and "input" in first and not isinstance(first["input"], dict) else "")
 
 
 def _section_at(loc: tuple) -> type[BaseModel] | None:
@@ -546,14 +600,43 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def _holds_text(schema: type[BaseModel], dotted: str) -> bool:
+    """Whether the setting at `dotted` is text (str or Path, possibly null) in `schema`."""
+    *sections, leaf = dotted.split(".")
+    for key in sections:
+        field = schema.model_fields.get(key)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return False
+        schema = field.annotation
+    field = schema.model_fields.get(leaf)
+    kinds = set(get_args(field.annotation) or (field.annotation,)) if field is not None else set()
+    return bool(kinds & {str, Path}) and kinds <= {str, Path, type(None)}
+
+
+def _typed_override(item: str, schema: type[BaseModel] | None) -> tuple[str, Any]:
+    """`parse_override`, except that a text setting gets the text as typed when YAML read something
+    else: `--name 2024` (which the CLI passes as log.name=2024) names the run "2024", not the int."""
+    key, value = parse_override(item)
+    if schema is not None and value is not None and not isinstance(value, str) and _holds_text(schema, key):
+        value = item.partition("=")[2].strip()
+    return key, value
+
+
 def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
     """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
     if path is None:
         return {}
-    if not Path(path).is_file():
+    if os.path.isdir(path):
+        raise ScaleRLError(f"config file {path} is a directory: pass a YAML file ({example}) to --config")
+    if not os.path.isfile(path):
         raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
     try:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as err:
+        raise ScaleRLError(f"config file {path}: cannot read it ({err.strerror}); pass a readable YAML file to --config") from None
+    except UnicodeDecodeError as err:
+        raise ScaleRLError(f"config file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
+                           "pass a YAML file to --config") from None
     except yaml.YAMLError as err:
         raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(tree, dict):
@@ -561,9 +644,12 @@ def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
     return tree
 
 
-def override_items(overrides: list[str] | dict[str, Any] | None):
-    """(dotted key, value) pairs from `--set` strings or a dict."""
-    return overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides or [])
+def override_items(overrides: list[str] | dict[str, Any] | None, schema: type[BaseModel] | None = None):
+    """(dotted key, value) pairs from `--set` strings or a dict; with `schema`, a `--set` string for
+    a text setting keeps its text (`_typed_override`)."""
+    if isinstance(overrides, dict):
+        return overrides.items()
+    return [_typed_override(item, schema) for item in overrides or []]
 
 
 def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
@@ -571,7 +657,7 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     one-line message. What the config names outside itself (environment options, model folders,
     reward functions) is checked by `scalerl.checks.check_config`."""
     tree = read_yaml_mapping(path, "model:, env:, ...")
-    items = override_items(overrides)
+    items = override_items(overrides, Config)
     for key, value in items:
         _set_dotted(tree, key, value)
     try:

@@ -263,3 +263,89 @@ def test_plugin_imports_name_the_key_and_the_problem():
         with pytest.raises(ScaleRLError, match=needle) as info:
             import_function(spec, "some.key")
         assert str(info.value).startswith("some.key: ")
+
+
+def test_text_settings_keep_the_override_text():
+    """The CLI passes `--name 2024` as log.name=2024, which YAML reads as an int: text settings take
+    the text as typed, numeric settings still get numbers."""
+    config = load_config(None, ["log.name=2024", "model.path=builtin", "log.project=0x1F", "log.run_dir=2024-01-01",
+                                "train.steps=7", "optim.lr=1e-4"])
+    assert config.log.name == "2024" and config.log.project == "0x1F" and config.log.run_dir == Path("2024-01-01")
+    assert config.train.steps == 7 and config.optim.lr == 1e-4
+    assert load_config(None, ["log.name=2024-01-01"]).log.name == "2024-01-01"  # a YAML date
+    assert load_config(None, ["log.name='quoted'"]).log.name == "quoted"  # YAML's own strings are kept
+    assert load_config(None, ["log.name=null"]).log.name is None  # null still means unset
+
+
+@pytest.mark.parametrize("override", ["optim.lr=.inf", "optim.lr=inf", "rollout.temperature=inf", "rollout.temperature=nan",
+                                      "algorithm.kl.beta=.nan", "optim.betas=[.nan, 0.9]", "reward.components=[{name: x, env: true, fallback: .inf}]"])
+def test_float_settings_refuse_inf_and_nan(override):
+    msg = _error(None, [override])
+    assert msg.startswith(override.partition("=")[0]) and "finite number" in msg, msg
+
+
+@pytest.mark.parametrize("override, needle", [("optim.betas=[2, 3]", "[0, 1)"), ("optim.betas=[0.9, 1.0]", "[0, 1)"),
+                                              ("optim.betas=[-0.1, 0.9]", "[0, 1)"), ("optim.eps=-1", "greater than 0"),
+                                              ("optim.eps=0", "greater than 0")])
+def test_adamw_settings_out_of_range(override, needle):
+    msg = _error(None, [override])
+    assert msg.startswith(override.partition("=")[0] + ":") and needle in msg, msg
+
+
+@pytest.mark.parametrize("algorithm, refused", [(["algorithm.name=grpo"], True), (["algorithm.name=cispo"], True),
+                                                (["algorithm.name=rloo"], True),
+                                                (["algorithm.name=reinforce_pp", "algorithm.baseline=group"], True),
+                                                (["algorithm.name=reinforce_pp", "algorithm.baseline=batch"], False),
+                                                (["algorithm.name=ppo"], False)])
+def test_group_size_one_is_refused_where_advantages_are_group_relative(algorithm, refused):
+    overrides = ["rollout.group_size=1", *algorithm]
+    if not refused:
+        assert load_config(None, overrides).rollout.group_size == 1  # a critic, or a batch baseline, still learns
+        return
+    msg = _error(None, overrides)
+    assert msg.startswith("rollout.group_size=1") and algorithm[0].partition("=")[2] in msg, msg
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".", "", "a\\b", "x" * 256])
+def test_log_name_is_one_folder_name(name):
+    msg = _error(None, {"log.name": name})
+    assert msg.startswith("log.name:") and "one folder name" in msg, msg
+
+
+def test_preset_with_a_value_where_sections_go_is_a_one_line_error():
+    for overrides, where in ((["preset=scalerl", "algorithm=5"], "algorithm:"), (["preset=scalerl", "algorithm=[1]"], "algorithm:"),
+                             (["preset=[[]]"], "preset:")):
+        assert _error(None, overrides).startswith(where)
+
+
+def test_config_file_that_is_a_folder_or_not_utf8(tmp_path):
+    assert "is a directory" in _error(tmp_path) and "does not exist" not in _error(tmp_path)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("log:\n  name: caf\u00e9\n".encode("latin-1"))
+    msg = _error(latin1)
+    assert str(latin1) in msg and "not UTF-8" in msg and "0xe9" in msg
+
+
+@pytest.mark.parametrize("module, body, needle", [
+    ("probe_plugin_exits", "import os\nos._exit(3)\n", "exit code 3"),
+    ("probe_plugin_raises", "raise ValueError('nope')\n", "ValueError: nope"),
+    ("probe_plugin_syntax", "def f(:\n", "SyntaxError"),
+    ("probe_plugin_sys_exit", "import sys\nsys.exit(0)\n", "SystemExit"),
+    ("probe_plugin_dependency", "import no_such_dependency_xyz\n", "imports 'no_such_dependency_xyz'"),
+])
+def test_a_plugin_that_breaks_at_import_is_stopped_in_a_child_process(tmp_path, monkeypatch, module, body, needle):
+    """The probe imports the module in a child with this process's sys.path: an os._exit there
+    would otherwise end the test run itself."""
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    msg = _error(None, [f"env.name={module}:Env"])
+    assert msg.startswith("env.name:") and module in msg and needle in msg, msg
+    assert module not in sys.modules  # never imported here
+
+
+def test_a_plugin_that_hangs_at_import_times_out(tmp_path, monkeypatch):
+    (tmp_path / "probe_plugin_hangs.py").write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SCALERL_IMPORT_TIMEOUT_S", "0.5")
+    msg = _error(None, ["env.name=probe_plugin_hangs:Env"])
+    assert msg.startswith("env.name:") and "did not finish within 0.5 s" in msg, msg

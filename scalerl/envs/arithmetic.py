@@ -25,6 +25,7 @@ from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+MAX_PROMPTS = 10_000_000
 
 
 class ArithmeticConfig(BaseModel):
@@ -43,17 +44,21 @@ class ArithmeticConfig(BaseModel):
         if self.max_operand < self.min_operand:
             raise ValueError(f"max_operand ({self.max_operand}) must be >= min_operand ({self.min_operand})")
         n = (self.max_operand - self.min_operand + 1) ** 2 * len(self.operators)
+        if n > MAX_PROMPTS:  # every prompt is built in memory
+            raise ValueError(f"operands {self.min_operand}..{self.max_operand} make {n} prompts, more than the {MAX_PROMPTS} "
+                             "that are enumerated; narrow the range")
         if self.train_file is None and self.num_eval >= n:
             raise ValueError(f"num_eval ({self.num_eval}) leaves no training prompts out of {n}; lower it")
         return self
 
 
-def read_tasks(path: Path) -> list[Task]:
-    """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`)."""
+def read_tasks(path: Path, where: str | None = None) -> list[Task]:
+    """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`);
+    `where` is the config key that named the file, for the messages."""
     tasks = []
-    for i, row in read_objects(path, expected="'prompt' and 'answer'"):
+    for i, row in read_objects(path, expected="'prompt' and 'answer'", where=where):
         if not isinstance(row.get("prompt"), str) or "answer" not in row:
-            raise ScaleRLError(f"{path}:{i}: needs 'prompt' and 'answer', a string prompt (it has: {', '.join(row) or 'nothing'})")
+            raise ScaleRLError(f"{where + ': ' if where else ''}{path}:{i}: needs 'prompt' and 'answer', a string prompt (it has: {', '.join(row) or 'nothing'})")
         tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
     return tasks
 
@@ -74,8 +79,8 @@ class ArithmeticEnv:
         self.config = config or ArithmeticConfig()
         c = self.config
         tasks = arithmetic_tasks(c.min_operand, c.max_operand, c.operators, c.split_seed)
-        self._eval = read_tasks(c.eval_file) if c.eval_file else tasks[: c.num_eval]
-        self._train = read_tasks(c.train_file) if c.train_file else tasks[c.num_eval :]
+        self._eval = read_tasks(c.eval_file, "env.args.eval_file") if c.eval_file else tasks[: c.num_eval]
+        self._train = read_tasks(c.train_file, "env.args.train_file") if c.train_file else tasks[c.num_eval :]
 
     def train_tasks(self) -> list[Task]:
         return self._train

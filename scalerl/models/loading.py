@@ -13,6 +13,7 @@ from scalerl.models.paths import resolve_model_path
 
 log = logging.getLogger(__name__)
 
+
 def select_attention(requested: str, device: torch.device) -> str:
     """flash_attention_2 where it can run, else sdpa with a one-line warning."""
     if requested != "flash_attention_2":
@@ -31,15 +32,18 @@ def select_attention(requested: str, device: torch.device) -> str:
 def load_tokenizer(config: ModelConfig):
     from transformers import AutoTokenizer
 
-    source = resolve_model_path(config.tokenizer or config.path, "model.tokenizer" if config.tokenizer else "model.path")
+    field = "model.tokenizer" if config.tokenizer else "model.path"  # the setting that named the source
+    source = resolve_model_path(config.tokenizer or config.path, field)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise ScaleRLError(f"model.tokenizer: cannot load a tokenizer from {source} ({_first_line(err)}){_offline_hint()}") from None
+    except Exception as err:  # OSError, ValueError, TypeError, ... from transformers: the source is at fault
+        raise ScaleRLError(f"{field}: cannot load a tokenizer from {source} ({_first_line(err)}){_offline_hint()}") from err
+    if len(tokenizer) == 0:  # transformers builds an empty tokenizer from a folder without vocabulary files
+        raise ScaleRLError(f"{field}: the tokenizer from {source} has no vocabulary; point model.tokenizer at one that has")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # decoder-only models often ship without a pad token
     if tokenizer.eos_token_id is None:
-        raise ScaleRLError(f"model.tokenizer: {source} defines no eos_token; completions could never end")
+        raise ScaleRLError(f"{field}: the tokenizer of {source} defines no eos_token; completions could never end")
     return tokenizer
 
 
@@ -56,8 +60,8 @@ def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = t
             attn_implementation=select_attention(config.attn_implementation, device),
             trust_remote_code=config.trust_remote_code,
         )
-    except (OSError, ValueError) as err:
-        raise ScaleRLError(f"model.path: cannot load a causal LM from {source} ({_first_line(err)}){_offline_hint()}") from None
+    except Exception as err:  # OSError, ValueError, safetensors' SafetensorError, ...: the folder or id is at fault
+        raise ScaleRLError(f"model.path: cannot load a causal LM from {source} ({_first_line(err)}){_offline_hint()}") from err
     if config.gradient_checkpointing:
         # transformers 5.x renamed gradient_checkpointing_enable to activation_checkpointing_enable.
         enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

@@ -6,6 +6,7 @@ dashboard in `deploy/grafana_dashboard.json` reads these names.
 
 from __future__ import annotations
 
+import errno
 import re
 import sys
 import time
@@ -30,6 +31,17 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _serve_error(host: str, port: int, err: Exception) -> ScaleRLError:
+    """Blame the setting at fault: a port in use or not allowed is log.metrics_port's; a name that
+    does not resolve, or an address that is not this machine's, is log.metrics_host's."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err) or type(err).__name__
+    if isinstance(err, OSError) and err.errno in (errno.EADDRINUSE, errno.EACCES):
+        return ScaleRLError(f"log.metrics_port: cannot serve Prometheus metrics on {host}:{port} ({reason}); "
+                            "choose a free port, or 0 for any free port")
+    return ScaleRLError(f"log.metrics_host: cannot serve Prometheus metrics on {host!r} ({reason}); "
+                        "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0")
+
+
 class PrometheusExporter:
     """Gauges `scalerl_<metric>{run}` (last value of each step metric), `scalerl_step{run}`, and the
     counters `scalerl_generated_tokens_total{run}` and `scalerl_events_total{run,rule,severity}`.
@@ -48,9 +60,8 @@ class PrometheusExporter:
                                ["run", "rule", "severity"], registry=self.registry)
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as err:
-            raise ScaleRLError(f"log.metrics_port: cannot serve Prometheus metrics on {host}:{port} ({err.strerror}); "
-                               "choose a free port, or 0 for any free port") from None
+        except (OSError, UnicodeError, ValueError) as err:
+            raise _serve_error(host, port, err) from None
         self.host, self.port = host, self._server.server_port
 
     @property
