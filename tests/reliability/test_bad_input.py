@@ -7,7 +7,6 @@ can meet (the environment is built, scored, the model loaded) run one tiny step 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -18,13 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import run_cli
 from scalerl.models.paths import builtin_model_dir
 
-# tests/conftest.py's run_cli (this folder's own conftest.py shadows the name `conftest`)
-_spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
-_shared = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_shared)
-run_cli = _shared.run_cli
 
 TINY_RUN = ["--set", "train.steps=1", "--set", "rollout.prompts_per_step=2", "--set", "rollout.group_size=2",
             "--set", "eval.max_tasks=2", "--set", "log.console=none"]

@@ -8,10 +8,8 @@ Any other exception is a traceback the user would see. The code path is the CLI'
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import time
-from pathlib import Path
 from typing import Literal, get_args, get_origin
 
 from hypothesis import HealthCheck, example, given, settings
@@ -19,16 +17,12 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from conftest import run_cli
 from scalerl.checks import check_config
 from scalerl.config import ALGORITHMS, Config, dump_config, load_config
 from scalerl.errors import ScaleRLError
 
 MAX_EXAMPLES = 400
-# tests/conftest.py's run_cli (this folder's own conftest.py shadows the name `conftest`)
-_spec = importlib.util.spec_from_file_location("tests_conftest", Path(__file__).resolve().parents[1] / "conftest.py")
-_shared = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_shared)
-run_cli = _shared.run_cli
 
 
 def _near(field: FieldInfo) -> list[str]:
