@@ -79,8 +79,9 @@ def check_resume(config: Config, run_dir: Path) -> dict[str, list[Any]]:
 
 
 def record_resumed_config(config: Config, run_dir: Path, step: int) -> dict[str, list[Any]]:
-    """After the checkpoint loaded: print the changes, make config.yaml the config in force, log them."""
-    changes = check_resume(config, run_dir)
+    """After the checkpoint loaded: print the changes (`check_run_dir` already refused the fixed ones),
+    make config.yaml the config in force, log them."""
+    changes = config_changes(saved_config(run_dir), config)
     if not changes:
         return changes
     print("resume changes the run's config: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))

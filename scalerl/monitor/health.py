@@ -245,14 +245,15 @@ class HealthMonitor:
 
     def _no_signal_event(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """A warning once per stretch of `no_signal.steps` steps in a row where nothing can be learned."""
-        if metrics["reward_std"] > 1e-6 and metrics["grad_norm"] > 0:  # (a std from sums is ~1e-9, not 0, for equal rewards)
+        equal_rewards = metrics["reward_std"] <= 1e-6  # a std from sums is ~1e-9, not 0, when every reward is equal
+        if not equal_rewards and metrics["grad_norm"] > 0:
             self.no_signal_streak, self.no_signal_said = 0, False
             return []
         self.no_signal_streak += 1
         if self.no_signal_said or self.no_signal_streak < self.config.no_signal.steps:
             return []
         self.no_signal_said = True
-        why = (f"every reward was {metrics['reward_mean']:.4g}" if metrics["reward_std"] <= 1e-6
+        why = (f"every reward was {metrics['reward_mean']:.4g}" if equal_rewards
                else "the gradient was 0 (every group's rewards were equal, so every advantage was 0)")
         return [Event(step, "no_signal", "warning",
                       f"no learning signal for {self.no_signal_streak} steps in a row: {why}, so the weights do not move; "

@@ -24,7 +24,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -41,7 +40,6 @@ MARKER = "COMPLETE"
 MANIFEST = "manifest.json"
 _NAME = re.compile(r"^step_(\d{7})$")
 _LEFTOVER = re.compile(r"^step_\d{7}(\.tmp|\.deleting)?$")  # a killed save or deletion (or an unmarked folder)
-log = logging.getLogger(__name__)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -75,7 +73,7 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def remove_partial(root: Path) -> list[Path]:
     """Delete what a killed save or deletion left (`.tmp`, `.deleting`, unmarked `step_N`); returns it.
-    `.damaged` folders (set aside by `choose_checkpoint`) are kept for the user to inspect."""
+    `.damaged` folders (set aside by `load_newest_intact`) are kept for the user to inspect."""
     if not root.is_dir():
         return []
     complete = set(complete_checkpoints(root))
