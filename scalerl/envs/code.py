@@ -9,8 +9,9 @@ Reward = (tests passed) / (tests), in [0, 1]: 1.0 for a correct function, 0.5 fo
 the tests, 0 for a syntax error, a crash on load, a missing `entry_point` or a timeout before any
 test finished (tests that finished before a timeout still count).
 
-The harness reports each test as a line `<nonce> <i> pass|fail` on a duplicate of stdout made
-before the solution runs; the nonce is 128 random bits per run, handed over on stdin and read
+The harness reports each test as a line `<nonce> <i> pass|fail` on the sandbox's results channel
+(file descriptor 3, duplicated before the solution runs), so a solution that prints more than the
+stdout cap, or closes or redirects stdout, still gets its results; the nonce is 128 random bits per run, handed over on stdin and read
 before the solution is loaded, so a solution printing "pass" lines earns nothing. This stops
 accidental and naive spoofing, not a solution that inspects the harness's frames in memory (it
 runs in the same interpreter); the sandbox, not the nonce, is the security boundary.
@@ -41,7 +42,8 @@ import os, sys
 
 def _run_tests(solution, tests, entry_point):
     nonce = sys.stdin.readline().strip()
-    out = os.dup(1)  # results go here even if the solution redirects or closes stdout
+    out = os.dup(3)  # the results channel, kept even if the solution closes descriptor 3
+    os.close(3)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     namespace = {"__name__": "solution"}
     try:
@@ -126,7 +128,7 @@ def score_solution(solution: str, tests: list[str], *, entry_point: str | None =
     result = run_sandboxed(harness_program(solution, tests, entry_point), timeout_s=timeout_s, cpu_s=cpu_s,
                            memory_bytes=memory_bytes, max_processes=max_processes, network=False,
                            stdin=(nonce + "\n").encode(), isolation=isolation)
-    return len(passed_tests(result.stdout, nonce, len(tests))) / len(tests)
+    return len(passed_tests(result.results, nonce, len(tests))) / len(tests)
 
 
 class CodeEnv:

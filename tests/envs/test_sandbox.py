@@ -106,7 +106,9 @@ def test_grandchild_that_outlives_its_parent_is_killed():
 
 def test_process_level_refuses_to_start_processes():
     r = run_sandboxed("import subprocess\nsubprocess.run(['true'])", isolation="process")
-    assert r.returncode == 1 and "subprocess.Popen is not allowed" in r.stderr
+    assert r.returncode == 1 and "_posixsubprocess is not allowed" in r.stderr  # subprocess imports it
+    r = run_sandboxed("import os\nos.posix_spawn('/bin/true', ['true'], {})", isolation="process")
+    assert r.returncode == 1 and "os.posix_spawn is not allowed" in r.stderr
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -147,3 +149,11 @@ def test_output_is_capped_and_drained():
 def test_stdin_is_delivered():
     r = run_sandboxed("print(input()[::-1])", stdin=b"abc\n")
     assert r.stdout == "cba\n"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_results_channel_is_kept_apart_from_the_capped_output(level):
+    program = ("import os, sys\nos.write(3, b'first\\n')\nsys.stdout.write('x' * 200000)\nsys.stdout.flush()\n"
+               "os.write(3, b'second\\n')\n")
+    r = run_sandboxed(program, output_bytes=1000, isolation=level)
+    assert r.returncode == 0 and r.stdout == "x" * 1000 and r.results == "first\nsecond\n"
