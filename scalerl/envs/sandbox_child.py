@@ -129,6 +129,10 @@ def _jail_filesystem(disk_bytes: int, root: str) -> None:
     libc, check = _libc()
     check(libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "make / private")
     check(libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1048576,mode=0755"), "mount the root")
+    os.makedirs(root + "/tmp")  # first: an interpreter under the host's /tmp is then bound over it
+    opts = f"size={disk_bytes},mode=0700".encode()
+    check(libc.mount(b"tmpfs", (root + "/tmp").encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount tmpfs on /tmp")
+    os.mkdir(root + WORKDIR, 0o700)
     for path in _visible_paths():
         _show(path, root, libc, check)
     os.makedirs(root + "/dev")
@@ -141,10 +145,6 @@ def _jail_filesystem(disk_bytes: int, root: str) -> None:
         os.symlink(link, f"{root}/dev/{name}")
     os.makedirs(root + "/proc")
     check(libc.mount(b"proc", (root + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
-    os.makedirs(root + "/tmp")
-    opts = f"size={disk_bytes},mode=0700".encode()
-    check(libc.mount(b"tmpfs", (root + "/tmp").encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mount tmpfs on /tmp")
-    os.mkdir(root + WORKDIR, 0o700)
     os.chdir(root)
     check(libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")  # the old root lands on top ...
     check(libc.umount2(b".", MNT_DETACH), "detach the host's root")  # ... and goes, with every host mount under it
