@@ -8,7 +8,7 @@ mean@`--eval-samples` at `--eval-temperature`, the metric the ScaleRL paper fits
 - reward forecast: `forecast_run(run_dir, max_step=steps/2)` fits the sigmoid on the evaluations of
   the first half (plus the step-0 pass rate as R0) and predicts the pass rate at the last step; the
   error is prediction − the measured final `eval/pass_rate`. Also for warm-up fractions 0 / 0.1 /
-  0.2, the single-start fit, and compute = tokens (the final token count is then taken from the
+  0.2, and compute = tokens (the final token count is then taken from the
   run: a hindsight figure).
 - time forecast: `time_estimate_at_10pct_s` against `time_actual_s` from the run's summary.json.
 
@@ -61,7 +61,7 @@ def final_eval(run_dir: Path, key: str) -> tuple[float, float]:
 
 
 def analyse(run_dir: Path, half: int) -> dict:
-    from scalerl.predict.reward_curve import forecast_run
+    from scalerl.predict.forecast import forecast_run
 
     summary = json.loads((run_dir / "summary.json").read_text())
     row: dict = {"run": run_dir.name, "pass_rate_before": summary["pass_rate_before"], "pass_rate_after": summary["pass_rate_after"],
@@ -81,24 +81,18 @@ def analyse(run_dir: Path, half: int) -> dict:
     for key in ("steps", "tokens"):
         c_final, measured = final_eval(run_dir, key)
         for warmup in (0.0, 0.1, 0.2):
-            for method in ("grid", "naive"):
-                if key == "tokens" and method == "naive":
-                    continue
-                fit = forecast_run(run_dir, compute=key, warmup_frac=warmup, max_step=half, target_compute=c_final,
-                                   n_boot=200 if method == "grid" and warmup == 0.1 else 0, method=method)
-                entry = {"compute": key, "warmup_frac": warmup, "method": method, "A": fit["A"], "B": fit["B"],
-                         "C_mid": fit["C_mid"], "n_points": len(fit["points"]), "target_compute": c_final,
-                         "predicted": fit["predicted_at_target"], "measured": measured,
-                         "error": fit["predicted_at_target"] - measured}
-                if fit.get("target_band"):
-                    entry["band_95"] = fit["target_band"]
-                row["forecasts"].append(entry)
+            fit = forecast_run(run_dir, compute=key, warmup_frac=warmup, max_step=half, target_compute=c_final)
+            row["forecasts"].append({"compute": key, "warmup_frac": warmup, "method": "profile", "A": fit["A"], "B": fit["B"],
+                                     "C_mid": fit["C_mid"], "n_points": len(fit["points"]), "target_compute": c_final,
+                                     "predicted": fit["predicted_at_target"], "measured": measured,
+                                     "error": fit["predicted_at_target"] - measured, "band_95": fit["target_band"],
+                                     "warnings": [w["rule"] for w in fit["warnings"] if w["kind"] == "warning"]})
     return row
 
 
 def default_forecast(run: dict) -> dict:
-    """The forecast `scalerl predict` makes by default: compute = steps, warm-up 0.1, grid then refinement."""
-    return next(f for f in run["forecasts"] if (f["compute"], f["warmup_frac"], f["method"]) == ("steps", 0.1, "grid"))
+    """The forecast `scalerl predict` makes by default: compute = steps, warm-up 0.1."""
+    return next(f for f in run["forecasts"] if (f["compute"], f["warmup_frac"]) == ("steps", 0.1))
 
 
 def markdown(report: dict) -> str:
@@ -116,7 +110,7 @@ def markdown(report: dict) -> str:
             lines.append(f"| {r['run']} | {f['compute']} | {f['warmup_frac']:.1f} | {f['method']} | {f['A']:.3f} | {f['B']:.2f} | "
                          f"{f['C_mid']:.4g} | {f['n_points']} | {f['predicted']:.3f} | {f['measured']:.3f} | {f['error']:+.3f} | {band} |")
     lines += ["", "## The last 5 evaluations of each run (the measured value above is the last)", "",
-              "The default forecast (steps, warm-up 0.1, grid) against the last evaluation and against the",
+              "The default forecast (steps, warm-up 0.1) against the last evaluation and against the",
               "level the run ended at, the mean of its last 5 evaluations:", "",
               "| run | last 5 pass rates | spread (max − min) | mean | predicted | error vs last | error vs mean of last 5 |",
               "|---|---|---|---|---|---|---|"]
@@ -157,7 +151,7 @@ def main() -> None:
     default = [default_forecast(r) for r in rows]
     summary = {
         "time: max |error| of the estimate at 10 %": f"{100 * max(abs(r['time_rel_error']) for r in rows):.1f} %",
-        "reward (steps, warm-up 0.1, grid+refine): max |error| vs the last evaluation": f"{max(abs(f['error']) for f in default):.3f}",
+        "reward (steps, warm-up 0.1, profile band): max |error| vs the last evaluation": f"{max(abs(f['error']) for f in default):.3f}",
         "reward: the same vs the mean of the last 5 evaluations":
             f"{max(abs(f['predicted'] - statistics.fmean(r['last_5_evals'])) for f, r in zip(default, rows)):.3f}",
         "health rule pass_rate_drop (defaults) replayed on the evaluations: alarms": {r["run"]: r["pass_rate_drop_alarms"] for r in rows},

@@ -135,13 +135,13 @@ def plot_forecast(data: RunData, forecast: dict[str, Any]) -> bytes:
 def run_forecast(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
     """(forecast or None, why there is none)."""
     try:
-        from scalerl.predict.reward_curve import forecast_run
+        from scalerl.predict.forecast import ForecastUnavailable, forecast_run
     except ImportError as err:
         return None, f"forecast unavailable ({err})"
-    forecast = forecast_run(run_dir)
-    if forecast is None:
-        return None, "forecast unavailable: too few held-out evaluations to fit (set eval.every smaller)"
-    return forecast, ""
+    try:
+        return forecast_run(run_dir), ""
+    except ForecastUnavailable as err:
+        return None, f"forecast unavailable: {err}"
 
 
 def _img(title: str, data: bytes) -> str:
@@ -195,6 +195,8 @@ def render_report(data: RunData, forecast: dict[str, Any] | None, forecast_note:
     if forecast is not None:
         fc = (f"<p>A (asymptote) {_fmt(forecast['A'])}, B {_fmt(forecast['B'])}, C_mid {_fmt(forecast['C_mid'])}, "
               f"R0 {_fmt(forecast['R0'])}, over {len(forecast['points'])} points ({html.escape(forecast['compute_key'])})</p>"
+              + "".join(f'<p class="{html.escape(w["kind"])}">{html.escape(w["kind"])}: {html.escape(w["message"])}</p>'
+                        for w in forecast.get("warnings", []))
               + _img("forecast", plot_forecast(data, forecast)))
     else:
         fc = f'<p class="muted forecast">{html.escape(forecast_note)}</p>'

@@ -1,55 +1,129 @@
-"""The sigmoidal compute–performance curve of a run, fitted and extrapolated (ScaleRL paper).
+"""The sigmoidal compute–performance curve of a run, fitted with a calibrated band (ScaleRL paper).
 
-    R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)
+    R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B),   R(0) = R0
 
 Khatri et al., "The Art of Scaling Reinforcement Learning Compute for LLMs", 2025: A is the
 asymptotic pass rate, B the scaling exponent (steepness), C_mid the compute at which half of the
-gain A − R0 is reached, R0 the pass rate before RL (held fixed, not fitted).
+gain A − R0 is reached, R0 the pass rate before RL.
 
-Fit (as in the paper): a grid over A and C_mid, with the best B found on a grid for each pair, then a
-local refinement of the best grid cell by projected Levenberg–Marquardt on (A, ln C_mid, ln B) with
-A kept in [0, 1]. Implemented in numpy (a 3-parameter problem; scipy is not needed). Uncertainty:
-a residual bootstrap (resample the fit's residuals onto the fitted curve, refit from the point
-estimate, N = 200) whose 2.5 / 97.5 percentiles give the 95 % band.
+Fit. For fixed (B, C_mid) the curve is linear in (R0, A): R = R0·(1 − s) + A·s with
+s = 1 / (1 + (C_mid / C)^B), so the least-squares (R0, A) in the box [0, 1]² has a closed form
+(variable projection). (B, C_mid) are searched on a log grid (B 0.1–10, C_mid from c_min/30 to
+300·c_max), then on two finer grids around the best cell. R0 is a parameter like the others: the
+step-0 evaluation is an observation of it at C = 0 (s = 0), so its sampling noise is in the fit
+and in the band instead of being taken as exact. Observations may carry weights (1/σ² per run
+when several runs are fitted together, `scalerl.predict.forecast.forecast_runs`).
 
-Compute axis of a run (`compute_key`): `steps` (default) or `tokens` (cumulative generated tokens,
-the per-step `tokens` metric). Steps is the default because the point one wants a forecast at — the
-planned `train.steps` — is known exactly beforehand, while the token count at the end depends on
-completion lengths still to come; with a fixed batch shape and hardware, steps are proportional to
-GPU-hours (the paper's axis) up to the drift of completion length. Tokens compare runs whose batch
-shapes differ; FLOPs ≈ 6 · params · tokens is tokens up to a constant.
+Band (profile likelihood). For a value v of the curve at C*, S(v) is the least weighted sum of
+squares over every curve with R(C*) = v (on the grid; for fixed (B, C_mid) and v the best R0 is
+again closed-form: R = R0 + (v − R0)·s/s*, R0 clipped to the range that keeps A in [0, 1]). The
+95 % interval is {v : S(v) ≤ S_min · (1 + F/df)}, F = t²(0.975, df) and df = observations − 4:
+the F-test inversion that profile intervals use when the noise level is estimated from the
+residuals. Unlike a residual bootstrap from the point estimate it lets (B, C_mid) range over all
+curves the data allow, which is what widens the band of a curve whose bend has not been seen.
+Implemented in numpy; no scipy.
+
+Compute axis of a run: `steps` (default) or `tokens` (cumulative generated tokens); see
+`scalerl.predict.run_evals`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from scalerl.errors import ScaleRLError
 
-MIN_POINTS = 4
+N_PARAMS = 4  # R0, A, B, C_mid
+B_RANGE = (0.1, 10.0)
+C_MID_RANGE = (1 / 30, 300.0)  # × the smallest / largest positive compute observed
+GRID = 90  # cells per axis of the global (B, C_mid) grid
+V_GRID = np.linspace(0.0, 1.0, 201)
 
 
-def sigmoid_curve(c: np.ndarray, *, r0: float, a: float, b: float, c_mid: float) -> np.ndarray:
+def sigmoid_curve(c: Any, *, r0: float, a: float, b: float, c_mid: float) -> np.ndarray:
     """R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B); R(0) = R0."""
-    c = np.asarray(c, dtype=float)
-    with np.errstate(divide="ignore", over="ignore"):
-        x = np.exp(b * (math.log(c_mid) - np.log(np.maximum(c, 1e-300))))
-    return r0 + (a - r0) / (1.0 + x)
+    return r0 + (a - r0) * _s(np.asarray(c, dtype=float), b, c_mid)
 
 
-@dataclass
+def _s(c: np.ndarray, b: Any, c_mid: Any) -> np.ndarray:
+    """1 / (1 + (C_mid / C)^B), 0 at C = 0; broadcasts b and c_mid against c."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        u = np.clip(b * (np.log(c_mid) - np.log(np.maximum(c, 1e-300))), -700, 700)
+        return np.where(c > 0, 1.0 / (1.0 + np.exp(u)), 0.0)
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student's t quantile (Cornish–Fisher expansion, Abramowitz & Stegun 26.7.5; within 0.1 % for df ≥ 3)."""
+    z = NormalDist().inv_cdf(p)
+    g = [(z ** 3 + z) / 4, (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96,
+         (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384,
+         (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160]
+    return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
+
+
+@dataclass(frozen=True)
+class CurveData:
+    """Weighted observations (C, pass rate, weight); C = 0 marks an observation of R0."""
+
+    c: np.ndarray
+    r: np.ndarray
+    w: np.ndarray
+
+    @staticmethod
+    def of(compute: Any, pass_rate: Any, *, r0: float | None = None, weights: Any = None) -> "CurveData":
+        c, r = np.asarray(compute, dtype=float), np.asarray(pass_rate, dtype=float)
+        w = np.ones_like(c) if weights is None else np.asarray(weights, dtype=float)
+        if r0 is not None:
+            c, r, w = np.append(0.0, c), np.append(r0, r), np.append(w[0] if len(w) else 1.0, w)
+        return CurveData(c, r, w)
+
+    @staticmethod
+    def join(parts: list["CurveData"], weights: list[float]) -> "CurveData":
+        return CurveData(np.concatenate([p.c for p in parts]), np.concatenate([p.r for p in parts]),
+                         np.concatenate([p.w * w for p, w in zip(parts, weights)]))
+
+    @property
+    def df(self) -> int:
+        return len(self.c) - N_PARAMS
+
+    def grid(self, n: int = GRID) -> tuple[np.ndarray, np.ndarray]:
+        """The global search: (B, C_mid) of every cell of an n × n log grid, flattened."""
+        pos = self.c[self.c > 0]
+        return _cells(np.geomspace(*B_RANGE, n), np.geomspace(pos.min() * C_MID_RANGE[0], pos.max() * C_MID_RANGE[1], n))
+
+    def sums(self, b: np.ndarray, c_mid: np.ndarray) -> dict[str, np.ndarray]:
+        """The weighted sums the closed forms need, one per cell (b[k], c_mid[k])."""
+        s = _s(self.c[None, :], b[:, None], c_mid[:, None])
+        w, r = self.w, self.r
+        ones = np.ones(len(b))
+        return {"w": ones * w.sum(), "s": s @ w, "ss": (s * s) @ w, "r": ones * (w @ r), "sr": s @ (w * r),
+                "rr": ones * (w @ (r * r))}
+
+
+def _cells(b: np.ndarray, c_mid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    bb, cc = np.meshgrid(b, c_mid, indexing="ij")
+    return bb.ravel(), cc.ravel()
+
+
+def _around(b: float, c_mid: float, db: float, dc: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """An n × n grid of ± db (in ln B) and ± dc (in ln C_mid) around (b, c_mid), B kept in B_RANGE."""
+    return _cells(np.clip(np.exp(np.linspace(math.log(b) - db, math.log(b) + db, n)), *B_RANGE),
+                  np.exp(np.linspace(math.log(c_mid) - dc, math.log(c_mid) + dc, n)))
+
+
+@dataclass(frozen=True)
 class SigmoidFit:
     A: float
     B: float
     C_mid: float
     R0: float
-    sse: float
+    sse: float  # weighted
+    n: int  # observations, the R0 one included
 
     def __call__(self, c: Any) -> np.ndarray:
         return sigmoid_curve(c, r0=self.R0, a=self.A, b=self.B, c_mid=self.C_mid)
@@ -61,140 +135,121 @@ class SigmoidFit:
             return None
         return self.C_mid / ((self.A - self.R0) / (target - self.R0) - 1.0) ** (1.0 / self.B)
 
-
-def _grid_fit(c: np.ndarray, r: np.ndarray, r0: float) -> tuple[float, float, float]:
-    """The best (A, B, C_mid) on a grid: A in [0, 1], C_mid log-spaced from c_min/10 to 100·c_max, B log-spaced 0.2–5."""
-    a = np.linspace(0.0, 1.0, 101)[:, None, None, None]
-    c_mid = np.geomspace(c.min() / 10, c.max() * 100, 60)[None, :, None, None]
-    b = np.geomspace(0.2, 5.0, 30)[None, None, :, None]
-    pred = r0 + (a - r0) / (1.0 + (c_mid / c[None, None, None, :]) ** b)  # (nA, nC, nB, n)
-    sse = ((pred - r) ** 2).sum(-1)
-    i, j, k = np.unravel_index(np.argmin(sse), sse.shape)
-    return float(a[i, 0, 0, 0]), float(b[0, 0, k, 0]), float(c_mid[0, j, 0, 0])
+    def at_bound(self) -> list[str]:
+        """The parameters sitting at an edge of the search (the data do not bound them)."""
+        out = []
+        if self.A <= 1e-3 or self.A >= 1 - 1e-3:
+            out.append(f"A = {self.A:.3f} (its bound {round(self.A)})")
+        if self.B <= B_RANGE[0] * 1.05 or self.B >= B_RANGE[1] / 1.05:
+            out.append(f"B = {self.B:.3g} (the search covers {B_RANGE[0]:g}–{B_RANGE[1]:g})")
+        return out
 
 
-def _refine(c: np.ndarray, r: np.ndarray, r0: float, a: float, b: float, c_mid: float, iters: int = 100) -> tuple[float, float, float]:
-    """Projected Levenberg–Marquardt on θ = (A, ln C_mid, ln B), A clipped to [0, 1], B to [0.05, 20]. With x = (C_mid/C)^B:
-    ∂R/∂A = 1/(1+x), ∂R/∂ln C_mid = −(A−R0)·B·x/(1+x)², ∂R/∂ln B = −(A−R0)·B·ln(C_mid/C)·x/(1+x)²."""
-    theta = np.array([a, math.log(c_mid), math.log(b)])
-    log_c = np.log(c)
+def _box_fit(m: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Least squares of r ≈ R0·(1 − s) + A·s over (R0, A) ∈ [0, 1]², elementwise over the grid: (R0, A, sse)."""
+    uu, us, ss = m["w"] - 2 * m["s"] + m["ss"], m["s"] - m["ss"], m["ss"]
+    ur, sr = m["r"] - m["sr"], m["sr"]
 
-    def residual(th: np.ndarray) -> np.ndarray:
-        return sigmoid_curve(c, r0=r0, a=th[0], b=math.exp(th[2]), c_mid=math.exp(th[1])) - r
+    def sse(r0, a):
+        return m["rr"] - 2 * r0 * ur - 2 * a * sr + r0 * r0 * uu + 2 * r0 * a * us + a * a * ss
 
-    res, lam = residual(theta), 1e-3
-    for _ in range(iters):
-        bb = math.exp(theta[2])
-        u = np.clip(bb * (theta[1] - log_c), -700, 700)
-        x = np.exp(u)
-        d = (theta[0] - r0) * x / (1 + x) ** 2
-        jac = np.stack([1 / (1 + x), -d * bb, -d * u], axis=1)  # (n, 3)
-        g, h = jac.T @ res, jac.T @ jac
-        improved = False
-        for _ in range(20):
-            step = np.linalg.solve(h + lam * np.diag(np.diag(h) + 1e-12), -g)
-            trial = theta + step
-            trial[0] = min(max(trial[0], 0.0), 1.0)
-            trial[1] = min(max(trial[1], log_c.min() - 7.0), log_c.max() + 10.0)  # C_mid within [c_min/1e3, c_max·2e4]
-            trial[2] = min(max(trial[2], math.log(0.05)), math.log(20.0))
-            new = residual(trial)
-            if new @ new < res @ res:
-                theta, res, lam, improved = trial, new, lam / 3, True
-                break
-            lam *= 4
-        if not improved or np.abs(step).max() < 1e-10:
-            break
-    return float(theta[0]), float(math.exp(theta[2])), float(math.exp(theta[1]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        det = uu * ss - us * us
+        r0_free, a_free = (ur * ss - us * sr) / det, (uu * sr - us * ur) / det
+        free_ok = (det > 1e-12 * np.maximum(uu * ss, 1e-300)) & (r0_free >= 0) & (r0_free <= 1) & (a_free >= 0) & (a_free <= 1)
+        candidates = [(np.where(free_ok, r0_free, 0.0), np.where(free_ok, a_free, 0.0), free_ok)]
+        for r0 in (0.0, 1.0):  # the edges R0 = 0 and R0 = 1, A clipped
+            a = np.clip(np.nan_to_num((sr - r0 * us) / ss), 0, 1)
+            candidates.append((np.full_like(a, r0), a, np.ones_like(a, bool)))
+        for a in (0.0, 1.0):
+            r0 = np.clip(np.nan_to_num((ur - a * us) / uu), 0, 1)
+            candidates.append((r0, np.full_like(r0, a), np.ones_like(r0, bool)))
+    best_r0, best_a, best_sse = np.zeros(uu.shape), np.zeros(uu.shape), np.full(uu.shape, np.inf)
+    for r0, a, ok in candidates:
+        e = np.where(ok, sse(r0, a), np.inf)
+        take = e < best_sse
+        best_r0, best_a, best_sse = np.where(take, r0, best_r0), np.where(take, a, best_a), np.where(take, e, best_sse)
+    return best_r0, best_a, np.maximum(best_sse, 0.0)
 
 
-def fit_sigmoid(compute: Any, pass_rate: Any, *, r0: float, method: str = "grid") -> SigmoidFit:
-    """Least-squares fit of A, B, C_mid with R0 fixed. method: `grid` (grid, then refinement) or `naive`
-    (the refinement alone from one fixed start, A = B = C_mid = 1 like curve_fit's default p0: the comparison)."""
-    c, r = np.asarray(compute, dtype=float), np.asarray(pass_rate, dtype=float)
-    if len(c) < 3 or (c <= 0).any():
-        raise ScaleRLError("fit: need at least 3 points at positive compute")
-    start = _grid_fit(c, r, r0) if method == "grid" else (1.0, 1.0, 1.0)
-    a, b, c_mid = _refine(c, r, r0, *start)
-    return SigmoidFit(a, b, c_mid, r0, float(((sigmoid_curve(c, r0=r0, a=a, b=b, c_mid=c_mid) - r) ** 2).sum()))
+def fit_curve(data: CurveData) -> SigmoidFit:
+    """Least squares over (R0, A, B, C_mid): the global grid, then two finer grids around its best cell."""
+    if (data.c > 0).sum() < 3:
+        raise ScaleRLError("fit: need at least 3 evaluations at positive compute")
+    b, cm = data.grid()
+    db, dc = math.log(b[GRID] / b[0]) * 1.5, math.log(cm[1] / cm[0]) * 1.5  # 1.5 cells of the global grid
+    for zoom in range(3):
+        r0, a, sse = _box_fit(data.sums(b, cm))
+        k = int(np.argmin(sse))
+        best = SigmoidFit(float(a[k]), float(b[k]), float(cm[k]), float(r0[k]), float(sse[k]), len(data.c))
+        b, cm = _around(best.B, best.C_mid, db, dc, 25)
+        db, dc = db / 12, dc / 12
+    return best
 
 
-def bootstrap(fit: SigmoidFit, compute: Any, pass_rate: Any, *, n: int = 200, seed: int = 0) -> list[SigmoidFit]:
-    """Residual bootstrap: refit ŷ + resampled residuals n times, starting from the point estimate."""
-    c, r = np.asarray(compute, dtype=float), np.asarray(pass_rate, dtype=float)
-    fitted = fit(c)
-    resid = r - fitted
-    rng = np.random.default_rng(seed)
-    fits = []
-    for _ in range(n):
-        r_star = fitted + rng.choice(resid, size=len(resid), replace=True)
-        a, b, c_mid = _refine(c, r_star, fit.R0, fit.A, fit.B, fit.C_mid)
-        fits.append(SigmoidFit(a, b, c_mid, fit.R0, float("nan")))
-    return fits
+def fit_sigmoid(compute: Any, pass_rate: Any, *, r0: float | None = None) -> SigmoidFit:
+    """`fit_curve` of one run's evaluations, with the step-0 pass rate `r0` as an observation when given."""
+    return fit_curve(CurveData.of(compute, pass_rate, r0=r0))
 
 
-def eval_points(run_dir: Path) -> tuple[list[tuple[int, int, float]], float | None, int]:
-    """((step, cumulative generated tokens, pass rate) of every in-loop evaluation, the step-0 pass rate
-    or None, the planned train.steps or 0)."""
-    from scalerl.jsonl import read_metrics
+class ProfileBand:
+    """95 % (or `level`) profile-likelihood intervals of the curve's value at any C, A included (C = ∞)."""
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise ScaleRLError(f"{run_dir}: no metrics.jsonl here; give a run directory written by `scalerl train`")
-    points, tokens = [], 0
-    for row in read_metrics(run_dir):
-        tokens += row.get("tokens") or 0
-        if row.get("eval/pass_rate") is not None:
-            points.append((int(row["step"]), tokens, float(row["eval/pass_rate"])))
-    summary = run_dir / "summary.json"
-    before = json.loads(summary.read_text()).get("pass_rate_before") if summary.is_file() else None
-    steps = 0
-    if (run_dir / "config.yaml").is_file():
-        import yaml
+    def __init__(self, data: CurveData, fit: SigmoidFit, level: float = 0.95):
+        self.data, self.fit, self.level = data, fit, level
+        b, cm = data.grid()
+        step_b, step_c = math.log(b[GRID] / b[0]), math.log(cm[1] / cm[0])
+        # the optimum's neighbourhood 5× and 20× finer: where the data pin the curve down, a grid cell's
+        # error in S would otherwise be as large as the threshold's margin and narrow the band
+        near = [_around(fit.B, fit.C_mid, k * step_b, k * step_c, 41) for k in (4, 1)]
+        b, cm = np.concatenate([b, *(n[0] for n in near)]), np.concatenate([cm, *(n[1] for n in near)])
+        m = data.sums(b, cm)
+        if data.df >= 1:
+            f = t_quantile(0.5 + level / 2, data.df) ** 2
+            self.threshold = fit.sse * (1 + f / data.df) + 1e-15
+        else:
+            self.threshold = math.inf
+        keep = _box_fit(m)[2] <= self.threshold  # a cell whose best curve misses the threshold never counts
+        self.b, self.cm, self.m = b[keep], cm[keep], {k: x[keep] for k, x in m.items()}
 
-        steps = int((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("train", {}).get("steps", 0))
-    return points, before, steps
+    def _profile(self, s_star: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """min over the cells of S(v): shape (len(v),). Along the line (1 − s*)·R0 + s*·A = v,
+        (R0, A) = (v, v) + t·(s*, −(1 − s*)); the sum of squares is quadratic in t, its minimum
+        clipped to the t that keep R0 and A in [0, 1]. (No division by s*: stable where s* → 0.)"""
+        m = {k: x[:, None] for k, x in self.m.items()}
+        p, v = s_star[:, None], v[None, :]
+        q = 1 - p
+        uu, us, ss = m["w"] - 2 * m["s"] + m["ss"], m["s"] - m["ss"], m["ss"]
+        ur, sr = m["r"] - m["sr"], m["sr"]
+        base = m["rr"] - 2 * v * m["r"] + v * v * m["w"]  # S at R0 = A = v
+        lin = p * (v * (uu + us) - ur) - q * (v * (us + ss) - sr)
+        quad = p * p * uu - 2 * p * q * us + q * q * ss
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t_lo = np.maximum(np.where(p > 0, -v / p, -np.inf), np.where(q > 0, (v - 1) / q, -np.inf))
+            t_hi = np.minimum(np.where(p > 0, (1 - v) / p, np.inf), np.where(q > 0, v / q, np.inf))
+            t = np.clip(np.where(quad > 0, -lin / quad, 0.0), t_lo, t_hi)
+        return np.maximum(base + 2 * t * lin + t * t * quad, 0.0).min(axis=0)
 
+    def interval(self, c_star: float) -> tuple[float, float]:
+        """The interval of R(c_star) (c_star = math.inf: of A), clipped to [0, 1]."""
+        if not math.isfinite(self.threshold):
+            return 0.0, 1.0
+        s_star = np.ones_like(self.b) if math.isinf(c_star) else _s(np.full_like(self.b, c_star), self.b, self.cm)
+        inside = V_GRID[self._profile(s_star, V_GRID) <= self.threshold]
+        centre = float(self.fit(c_star)) if math.isfinite(c_star) else self.fit.A
+        if len(inside) == 0:
+            return centre, centre
+        step = V_GRID[1] - V_GRID[0]
+        edges = []
+        for edge, outward in ((inside.min(), -1), (inside.max(), 1)):  # refine each edge to step/40
+            fine = np.clip(edge + outward * np.linspace(0, step, 41), 0, 1)
+            ok = fine[self._profile(s_star, fine) <= self.threshold]
+            edges.append(float(ok.min() if outward < 0 else ok.max()) if len(ok) else float(edge))
+        return min(edges[0], centre), max(edges[1], centre)
 
-def forecast_run(run_dir: Path, *, compute: str = "steps", warmup_frac: float = 0.1, max_step: int | None = None,
-                 target_compute: float | None = None, target_pass_rate: float | None = None, n_boot: int = 200,
-                 extend: float = 2.0, n_curve: int = 100, method: str = "grid", seed: int = 0) -> dict[str, Any] | None:
-    """Fit the run's held-out pass rate against compute; None when fewer than 4 points remain to fit.
-
-    Points: the in-loop evaluations (at steps ≤ `max_step` when given), dropping those below
-    `warmup_frac` × the last fitted point's compute (the early transient the paper also leaves out).
-    R0: `pass_rate_before` from summary.json, else the first evaluation. The curve runs from
-    1 % to max(extend × last point, target_compute, the planned run's end) in `n_curve` steps.
-    """
-    if compute not in ("steps", "tokens"):
-        raise ScaleRLError(f"--compute: {compute!r} is not one of steps, tokens")
-    rows, before, planned = eval_points(run_dir)
-    pts = [(float(step if compute == "steps" else tokens), r) for step, tokens, r in rows if max_step is None or step <= max_step]
-    if before is None and pts:
-        before, pts = pts[0][1], pts[1:]
-    if pts:
-        pts = [(c, r) for c, r in pts if c >= warmup_frac * pts[-1][0]]
-    if len(pts) < MIN_POINTS or before is None:
-        return None
-    c, r = np.array([p[0] for p in pts]), np.array([p[1] for p in pts])
-    fit = fit_sigmoid(c, r, r0=before, method=method)
-    end = max(extend * c[-1], target_compute or 0.0, float(planned) if compute == "steps" else 0.0)
-    grid = np.linspace(end / n_curve, end, n_curve)
-    boots = bootstrap(fit, c, r, n=n_boot, seed=seed) if n_boot else []
-    out: dict[str, Any] = {"A": fit.A, "B": fit.B, "C_mid": fit.C_mid, "R0": fit.R0, "compute_key": compute,
-                           "points": [[float(x), float(y)] for x, y in pts], "curve": [[float(x), float(y)] for x, y in zip(grid, fit(grid))],
-                           "rmse": math.sqrt(fit.sse / len(pts)), "n_boot": len(boots)}
-    if boots:
-        curves = np.stack([b(grid) for b in boots])
-        out["band_low"], out["band_high"] = np.percentile(curves, 2.5, axis=0).tolist(), np.percentile(curves, 97.5, axis=0).tolist()
-    else:
-        out["band_low"] = out["band_high"] = [y for _, y in out["curve"]]
-    if target_compute is not None:
-        out["target_compute"] = target_compute
-        out["predicted_at_target"] = float(fit(target_compute))
-        if boots:
-            at = [float(b(target_compute)) for b in boots]
-            out["target_band"] = [float(np.percentile(at, 2.5)), float(np.percentile(at, 97.5))]
-    if target_pass_rate is not None:
-        out["target_pass_rate"] = target_pass_rate
-        out["compute_at_target"] = fit.compute_for(target_pass_rate)
-    return out
+    def bands(self, c: np.ndarray, points: int = 20) -> tuple[np.ndarray, np.ndarray]:
+        """Lower and upper band along `c` (intervals at `points` places, interpolated in log C)."""
+        c = np.asarray(c, dtype=float)
+        at = np.unique(np.geomspace(c.min(), c.max(), min(points, len(c))))
+        lo, hi = zip(*(self.interval(float(x)) for x in at))
+        return np.interp(np.log(c), np.log(at), lo), np.interp(np.log(c), np.log(at), hi)

@@ -70,7 +70,7 @@ def test_report_without_events_verdict_or_forecast_says_so(tmp_path, monkeypatch
     run = _synthetic_run(tmp_path)
     (run / "events.jsonl").unlink()
     (run / "summary.json").write_text("{}")
-    monkeypatch.setitem(sys.modules, "scalerl.predict.reward_curve", None)  # as if the module were absent
+    monkeypatch.setitem(sys.modules, "scalerl.predict.forecast", None)  # as if the module were absent
     forecast, note = run_forecast(run)
     assert forecast is None and note.startswith("forecast unavailable")
     page = render_report(load_run(run), forecast, note)

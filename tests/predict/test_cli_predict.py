@@ -10,18 +10,28 @@ from tests.conftest import run_cli
 
 def _run(path, every):
     path.mkdir(parents=True)
-    rows = [{"step": s, "tokens": 50, **({"eval/pass_rate": float(sigmoid_curve(np.array([float(s)]), r0=0.3, a=0.8, b=2.0, c_mid=30.0)[0])}
-                                          if s % every == 0 else {})} for s in range(1, 101)]
+    rows = [{"step": s, "tokens": 50, "step_time_s": 0.25,
+             **({"eval/pass_rate": float(sigmoid_curve(np.array([float(s)]), r0=0.3, a=0.8, b=2.0, c_mid=30.0)[0])}
+                if s % every == 0 else {})} for s in range(0, 101)]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (path / "summary.json").write_text(json.dumps({"pass_rate_before": 0.3}))
 
 
-def test_predict_prints_fit(tmp_path):
+def test_predict_prints_fit_band_and_cost_to_target(tmp_path):
     _run(tmp_path / "r", 10)
-    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "r"), "--target-compute", "100", "--target-pass-rate", "0.9",
-                  "--bootstrap", "0")
+    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "r"), "--target-compute", "100", "--target-pass-rate", "0.7",
+                  "--gpus", "8", "--price-per-gpu-hour", "2")
     assert out.returncode == 0, out.stderr
-    assert "A 0.800" in out.stdout and "at steps = 100: 0.759" in out.stdout and "not reached within A = 0.800" in out.stdout
+    assert "A 0.800" in out.stdout and "at steps = 100: 0.759" in out.stdout and "95 % band" in out.stdout
+    # R = 0.7 at step 60; 0.25 s per step measured -> 60 × 0.25 / 3600 h × 8 GPUs; cost = 2 × GPU-hours / 1
+    assert "reached at steps = 60" in out.stdout and "to reach it: 60 steps" in out.stdout
+    assert f"{60 * 0.25 / 3600 * 8:.3g} GPU-hours" in out.stdout and f"{2 * 60 * 0.25 / 3600 * 8:.4g} at 2 per GPU-hour" in out.stdout
+    js = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "r"), "--target-compute", "100", "--target-pass-rate", "0.7",
+                 "--gpus", "8", "--price-per-gpu-hour", "2", "--json")
+    fc = json.loads(js.stdout)
+    assert abs(fc["cost_to_target"]["point"]["steps"] - 60) < 1 and fc["warnings"] and "band_low" in fc
+    unreached = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "r"), "--target-pass-rate", "0.9")
+    assert unreached.returncode == 0 and "not reached by the fit (A = 0.800)" in unreached.stdout
+    assert "no train.steps" in unreached.stdout  # no config.yaml: said, not silent
 
 
 def test_predict_errors(tmp_path):
@@ -29,7 +39,9 @@ def test_predict_errors(tmp_path):
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "no such run directory" in out.stderr
     _run(tmp_path / "few", 40)
     out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "few"))
-    assert out.returncode == 2 and "fewer than 4 evaluations" in out.stderr and out.stderr.strip().count("\n") == 0
+    assert out.returncode == 2 and "evaluate more often" in out.stderr and out.stderr.strip().count("\n") == 0
+    out = run_cli("-m", "scalerl.cli.main", "predict", str(tmp_path / "few"), "--target-compute", "0")
+    assert out.returncode == 2 and "--target-compute" in out.stderr and out.stderr.strip().count("\n") == 0
 
 
 def test_estimate_7b():
