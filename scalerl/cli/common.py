@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import sys
 import traceback
 from pathlib import Path
@@ -23,7 +24,8 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
     """Run `fn`; a ScaleRLError becomes `error: <message>` on stderr and exit code 2 (traceback
     only with --debug), and so does a full disk. A run stopped by SIGTERM/SIGINT (`Stopped`, after
     its checkpoint) exits with 128 + the signal's number; a second signal (KeyboardInterrupt) with
-    130. Anything else is a bug in ScaleRL and keeps its traceback."""
+    130. Anything else is a bug in ScaleRL and keeps its traceback: a broken pipe (EPIPE) too, printed
+    here with exit code 1, unless it is stdout's reader that went away (`scalerl ... | head`)."""
     from scalerl.errors import Stopped
 
     try:
@@ -34,6 +36,11 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as err:
+        if err.errno == errno.EPIPE and not _stdout_closed():
+            # a pipe to some other process (a worker, a socket) broke: a bug, never silent. Left to
+            # click it would exit 1 without a word; only a reader of our stdout gone (`| head`) is quiet.
+            traceback.print_exc()
+            raise SystemExit(1) from None
         if err.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         if debug:
@@ -46,6 +53,16 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
     except KeyboardInterrupt:
         print("aborted; the newest complete checkpoint is intact: resume with --resume", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on the writer)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no real descriptor (captured, closed) or no poll()
+        return False
 
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,

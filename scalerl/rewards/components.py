@@ -121,5 +121,10 @@ class FunctionComponent:
             self.worker.submit(inputs.prompts, inputs.completions, inputs.function_kwargs())
         return torch.tensor(self.worker.result(), dtype=torch.float32)
 
+    @property
+    def restarts(self) -> int:
+        """Worker processes replaced so far (a timeout, a death during or between calls, a failed start)."""
+        return self.worker.restarts
+
     def close(self) -> None:
         self.worker.close()

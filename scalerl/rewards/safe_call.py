@@ -12,6 +12,18 @@ grace for the transfer) is killed and a fresh one is started for the next batch.
 functions are additionally bounded inside the worker by `asyncio.wait_for`, so a coroutine that
 overruns is cancelled without losing the worker.
 
+A worker that dies between calls (a thread of the function calls `os._exit` after it returned,
+the worker is killed for memory while idle) loses nothing: the worker acknowledges each request
+("started") before it calls the function, so a worker found dead before that (not alive at
+`submit`, the request could not be sent, or the pipe closed before the acknowledgement) is
+replaced, counted in `restarts`, logged once per death with its exit code, and the same call goes
+to the fresh worker. A worker that dies after acknowledging dies *during* the call: the call
+fails with kind "died" and is not repeated (the function may be what kills it).
+
+Worker processes follow scalerl/rewards/worker_process.py: they ignore SIGINT and SIGTERM (the
+trainer stops the run gracefully and then closes them) and exit when the trainer is gone, even
+SIGKILLed (an idle worker's `recv` also reports end-of-file then).
+
 Everything that goes wrong becomes a `RewardCallError` with a `kind` (error, timeout, length,
 type, died, startup) and a message naming the function; the caller decides the fallback. The
 worker uses the `spawn` start method: forking a parent that holds torch's thread pools can
@@ -25,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import multiprocessing as mp
 import time
@@ -32,6 +45,9 @@ import traceback
 from typing import Any, Callable
 
 from scalerl.plugins import import_function
+from scalerl.rewards.worker_process import exit_with_parent, ignore_stop_signals
+
+log = logging.getLogger(__name__)
 
 GRACE_S = 0.5  # beyond timeout_s: pickling the batch and the scores back
 STARTUP_TIMEOUT_S = 120.0  # a fresh worker imports the user's module (which may import torch)
@@ -84,29 +100,39 @@ def call_function(fn: Callable[..., Any], spec: str, prompts: list[str], complet
 
 
 def _worker_main(spec: str, conn) -> None:
-    """Worker process: import the function once, then answer (kind, payload) per request."""
+    """Worker process: import the function once, then per request acknowledge it ("started"),
+    call the function and answer (kind, payload)."""
+    ignore_stop_signals()  # first: a Ctrl-C or scancel is the trainer's to handle (worker_process.py)
+    parent = mp.parent_process()
+    if parent is not None:
+        exit_with_parent(parent.sentinel)  # a call in progress does not outlive a SIGKILLed trainer
     try:
-        fn = resolve_function(spec)
-    except BaseException:  # reported to the parent, which counts it; the worker then exits
-        conn.send(("startup", traceback.format_exc()))
+        try:
+            fn = resolve_function(spec)
+        except BaseException:  # reported to the parent, which counts it; the worker then exits
+            conn.send(("startup", traceback.format_exc()))
+            return
+        conn.send(("ready", None))
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            if request is None:
+                return
+            conn.send(("started", None))  # from here on a death is a death during the call
+            prompts, completions, kwargs, timeout_s = request
+            try:
+                reply = ("ok", call_function(fn, spec, prompts, completions, kwargs, timeout_s))
+            except RewardCallError as err:
+                reply = (err.kind, err.message)
+            except (asyncio.TimeoutError, TimeoutError):
+                reply = ("timeout", f"{spec} did not finish within {timeout_s:g} s (async, cancelled)")
+            except BaseException:  # the user's function failed: the traceback goes back to the parent
+                reply = ("error", traceback.format_exc())
+            conn.send(reply)
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to answer
         return
-    conn.send(("ready", None))
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if request is None:
-            return
-        prompts, completions, kwargs, timeout_s = request
-        try:
-            conn.send(("ok", call_function(fn, spec, prompts, completions, kwargs, timeout_s)))
-        except RewardCallError as err:
-            conn.send((err.kind, err.message))
-        except (asyncio.TimeoutError, TimeoutError):
-            conn.send(("timeout", f"{spec} did not finish within {timeout_s:g} s (async, cancelled)"))
-        except BaseException:  # the user's function failed: the traceback goes back to the parent
-            conn.send(("error", traceback.format_exc()))
 
 
 class FunctionWorker:
@@ -119,8 +145,8 @@ class FunctionWorker:
         self._process = None
         self._conn = None
         self._ready = False
-        self._pending: tuple[float, int] | None = None  # (time sent, completions) of a submitted call
-        self.restarts = 0
+        self._pending: tuple[float, tuple] | None = None  # (time sent, request) of a submitted call
+        self.restarts = 0  # workers replaced (timeout, death, failed start), over the worker's life
         self._start()
 
     def _start(self) -> None:
@@ -158,7 +184,7 @@ class FunctionWorker:
             raise RewardCallError("startup", f"{self.spec}: the worker did not start within {self.startup_timeout_s:g} s")
         try:
             kind, payload = self._conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the pipe closed (or was reset): the worker is gone
             code = self._exit_code()
             self._restart()
             raise RewardCallError("startup", f"{self.spec}: the worker exited while starting (exit code {code})") from None
@@ -171,12 +197,38 @@ class FunctionWorker:
     def pending(self) -> bool:
         return self._pending is not None
 
+    def _replace_dead(self, code: int | None) -> None:
+        """The worker died between calls: counted, logged once, replaced; the call it never took is not lost."""
+        log.warning("reward function %s: its worker process died between calls (exit code %s); started a fresh "
+                    "one, and the call goes to it", self.spec, code)
+        self._restart()
+
     def submit(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> None:
         """Send one call to the worker without waiting; `result` collects it. Several workers (and
-        the trainer's own scoring) then run at the same time."""
+        the trainer's own scoring) then run at the same time. A worker found dead is replaced first."""
+        request = (prompts, completions, kwargs, self.timeout_s)
+        fresh = False  # whether the worker was started for this call: one that dies too is not replaced again
+        if self._ready and not self._process.is_alive():
+            self._replace_dead(self._exit_code())
+            fresh = True
+        sent, fresh = self._send(request, fresh)
+        self._pending = (sent, request, fresh)
+
+    def _send(self, request: tuple, fresh: bool) -> tuple[float, bool]:
+        """Send `request` once the worker is ready: (time sent, fresh). A pipe found closed means the
+        worker died after the liveness check: replaced, and the request goes to the fresh worker."""
         self.wait_ready()
-        self._conn.send((prompts, completions, kwargs, self.timeout_s))
-        self._pending = (time.monotonic(), len(completions))
+        try:
+            self._conn.send(request)
+        except (OSError, EOFError):
+            code = self._exit_code()
+            if fresh:
+                self._restart()
+                raise RewardCallError("died", f"{self.spec}: a fresh worker process died before taking the call "
+                                              f"(exit code {code}); restarted") from None
+            self._replace_dead(code)
+            return self._send(request, True)
+        return time.monotonic(), fresh
 
     def call(self, prompts: list[str], completions: list[str], kwargs: dict[str, Any]) -> list[float]:
         """One float (NaN for an unusable entry) per completion, within timeout_s, or RewardCallError."""
@@ -187,19 +239,30 @@ class FunctionWorker:
         """The submitted call's floats, waiting at most what is left of timeout_s since `submit`."""
         if self._pending is None:
             raise RuntimeError(f"{self.spec}: result() without a submitted call")
-        (sent, n), self._pending = self._pending, None
-        if not self._conn.poll(max(self.timeout_s + GRACE_S - (time.monotonic() - sent), 0.0)):
-            self._restart()  # a blocked call cannot be interrupted: the process goes, a fresh one comes
-            raise RewardCallError("timeout", f"{self.spec} did not return within {self.timeout_s:g} s; its worker was restarted")
-        try:
-            kind, payload = self._conn.recv()
-        except EOFError:
-            code = self._exit_code()
-            self._restart()
-            raise RewardCallError("died", f"{self.spec}: the worker process died during the call (exit code {code}); restarted") from None
-        if kind != "ok":
-            raise RewardCallError(kind, payload)
-        return check_length(payload, n, self.spec)
+        (sent, request, fresh), self._pending = self._pending, None
+        started = False
+        while True:
+            if not self._conn.poll(max(self.timeout_s + GRACE_S - (time.monotonic() - sent), 0.0)):
+                self._restart()  # a blocked call cannot be interrupted: the process goes, a fresh one comes
+                raise RewardCallError("timeout", f"{self.spec} did not return within {self.timeout_s:g} s; its worker was restarted")
+            try:
+                kind, payload = self._conn.recv()
+            except (EOFError, OSError):  # closed; reset when it died with our request unread
+                code = self._exit_code()
+                if started or fresh:
+                    self._restart()
+                    when = "during the call" if started else "before taking the call"
+                    raise RewardCallError("died", f"{self.spec}: the worker process died {when} (exit code {code}); "
+                                                  "restarted") from None
+                self._replace_dead(code)  # it died before taking the call: the call goes to the fresh worker
+                sent, fresh = self._send(request, True)
+                continue
+            if kind == "started":
+                started = True
+                continue
+            if kind != "ok":
+                raise RewardCallError(kind, payload)
+            return check_length(payload, len(request[1]), self.spec)
 
     def close(self) -> None:
         if self._conn is not None and self._process is not None and self._process.is_alive():

@@ -12,7 +12,10 @@ counted. Reward-model and environment components are not contained: an exception
 of the run, not of user code, and stops it.
 
 Metrics per step: `reward/<name>_mean` (the component's mean score after fallbacks),
-`reward/<name>_failures`, `reward/weight/<name>` (the weight it had in the fusion).
+`reward/<name>_failures`, `reward/weight/<name>` (the weight it had in the fusion), and for a
+function component `reward/<name>_restarts` (its worker processes replaced since the previous
+step: a timeout, a death during a call, which also shows in the failures, or a death between
+calls, which loses no scores).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class RewardScorer:
         self.eps, self.mean_ema, self.weight_ema = eps, mean_ema, weight_ema
         self.state: DynamicState | None = None
         self._reported: set[tuple[str, str]] = set()
+        self._restarts_seen = [getattr(c, "restarts", None) for c in components]  # None: no worker process
         self.last_scores: dict[str, torch.Tensor] = {}  # name -> (B,) scores of the last step, for sample dumps
 
     @property
@@ -121,7 +125,8 @@ class RewardScorer:
         scores, failures = self.component_scores(inputs)  # (K, B), (K,)
         weights = self.weights(scores, ctx)
         self.last_scores = dict(zip(self.names, scores))
-        sums = torch.cat([scores.double().sum(1), failures, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])
+        restarts = torch.tensor(self._new_restarts(), dtype=torch.float64)  # (K,)
+        sums = torch.cat([scores.double().sum(1), failures, restarts, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])
         if ctx is not None:
             sums = ctx.sum(sums)
         k = len(self.components)
@@ -129,8 +134,22 @@ class RewardScorer:
         for i, name in enumerate(self.names):
             metrics[f"reward/{name}_mean"] = float(sums[i] / sums[-1])
             metrics[f"reward/{name}_failures"] = float(sums[k + i])
+            if self._restarts_seen[i] is not None:
+                metrics[f"reward/{name}_restarts"] = float(sums[2 * k + i])
             metrics[f"reward/weight/{name}"] = float(weights[i])
         return weighted_sum(scores, weights.float()), metrics
+
+    def _new_restarts(self) -> list[float]:
+        """Per component, worker restarts since the previous training step (0 without a worker)."""
+        out = []
+        for i, comp in enumerate(self.components):
+            seen = self._restarts_seen[i]
+            if seen is None:
+                out.append(0.0)
+                continue
+            self._restarts_seen[i] = comp.restarts
+            out.append(float(comp.restarts - seen))
+        return out
 
     def evaluate(self, inputs: RewardInputs) -> torch.Tensor:
         """(B,) rewards with the configured weights, leaving the dynamic state untouched: held-out

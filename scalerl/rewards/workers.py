@@ -15,13 +15,24 @@ Rules:
   environment and its task pool cross the pipe once, not per chunk); any other picklable
   callable may be passed directly and travels with each chunk.
 - An exception raised by a scorer propagates to the caller, as it would in-process.
-- A worker that dies (segfault, `os._exit`, killed for memory) breaks the pool: every item of the
-  chunks that had not come back gets `fail_value` and is counted; the pool is rebuilt before the
-  call returns, so the next call runs normally. `pop_metrics()` reports the counts.
+- A worker that dies during a call (segfault, `os._exit`, killed for memory) breaks the pool: every
+  item of the chunks that had not come back gets `fail_value` and is counted; the pool is rebuilt
+  before the call returns, so the next call runs normally. `pop_metrics()` reports the counts.
+- A worker that died between calls (killed while idle) has broken the pool before the next call
+  (the executor notices a death at once): the call's first submission fails, so the pool is
+  rebuilt (counted as a restart, logged) and the call runs on the fresh pool, losing nothing.
+- Workers ignore SIGINT and SIGTERM (scalerl/rewards/worker_process.py), and so does the forkserver
+  that starts them: the trainer stops the run gracefully on these and then closes the pool; a
+  Ctrl-C or scancel reaching every process must not break the pool mid-step. Because the executor
+  stops the survivors of a broken pool with SIGTERM, the pool SIGKILLs them itself before it is
+  rebuilt or closed.
+- Workers exit when the trainer is gone, even SIGKILLed: each holds the reading end of a pipe whose
+  only writer is the trainer and exits at its end-of-file.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import pickle
@@ -32,6 +43,9 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Mapping, Sequence
 
 from scalerl.errors import ScaleRLError
+from scalerl.rewards.worker_process import exit_with_parent, ignore_stop_signals, protect_forkserver
+
+log = logging.getLogger(__name__)
 
 ScoreFn = Callable[..., float]
 
@@ -39,7 +53,10 @@ ScoreFn = Callable[..., float]
 _WORKER_SCORERS: dict[str, ScoreFn] = {}
 
 
-def _init_worker(scorers_blob: bytes) -> None:
+def _init_worker(scorers_blob: bytes, trainer_alive: Any = None) -> None:
+    ignore_stop_signals()  # first: a Ctrl-C or scancel is the trainer's to handle (worker_process.py)
+    if trainer_alive is not None:
+        exit_with_parent(trainer_alive)  # the task queue never reports the trainer's death by itself
     os.environ["OMP_NUM_THREADS"] = "1"  # before unpickling, which may import torch
     _WORKER_SCORERS.update(pickle.loads(scorers_blob))
     torch = sys.modules.get("torch")
@@ -89,6 +106,7 @@ class RewardPool:
         self._failed = 0  # items lost to dead workers since the last pop_metrics()
         self._restarts_seen = 0
         self._executor: ProcessPoolExecutor | None = None
+        self._trainer_alive: tuple[Any, Any] | None = None  # (reader for the workers, writer held here only)
         self._blob = b""
         if not self.in_process:
             try:
@@ -103,8 +121,13 @@ class RewardPool:
 
     def _pool(self) -> ProcessPoolExecutor:
         if self._executor is None:
-            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context(self.start_method),
-                                                 initializer=_init_worker, initargs=(self._blob,))
+            ctx = multiprocessing.get_context(self.start_method)
+            if self.start_method == "forkserver":
+                protect_forkserver()  # a SIGTERM to the whole job must not kill it (worker_process.py)
+            if self._trainer_alive is None:
+                self._trainer_alive = ctx.Pipe(duplex=False)
+            self._executor = ProcessPoolExecutor(self.num_workers, mp_context=ctx, initializer=_init_worker,
+                                                 initargs=(self._blob, self._trainer_alive[0]))
         return self._executor
 
     def start(self, timeout_s: float = 120.0) -> list[int]:
@@ -146,10 +169,22 @@ class RewardPool:
         pending: list[tuple[Future | None, int, int, int]] = []
         for j, (fn, items) in enumerate(jobs):
             for lo, hi in chunk_bounds(len(items), self.num_workers * self.chunks_per_worker):
+                chunk = list(items[lo:hi])
                 try:
-                    pending.append((pool.submit(_score_chunk, fn, list(items[lo:hi])), j, lo, hi))
-                except BrokenProcessPool:  # a worker died while we were still submitting
-                    pending.append((None, j, lo, hi))
+                    future: Future | None = pool.submit(_score_chunk, fn, chunk)
+                except BrokenProcessPool:
+                    if pending:  # a worker died while we were still submitting: those items are lost
+                        future = None
+                    else:  # broken before this call (a worker died while idle): nothing lost yet
+                        log.warning("a reward worker process died between calls; rebuilt the pool of %d workers, "
+                                    "and the call runs on it", self.num_workers)
+                        self._rebuild()
+                        pool = self._pool()
+                        try:
+                            future = pool.submit(_score_chunk, fn, chunk)
+                        except BrokenProcessPool:
+                            future = None
+                pending.append((future, j, lo, hi))
         try:
             for future, j, lo, hi in pending:
                 try:
@@ -166,10 +201,21 @@ class RewardPool:
 
     def _rebuild(self) -> None:
         assert self._executor is not None
-        self._executor.shutdown(wait=True, cancel_futures=True)  # a broken pool has already terminated its workers
-        self._executor = None
+        self._shutdown()
         self.restarts += 1
         self._pool()  # a fresh executor; its workers start with the next submission
+
+    def _shutdown(self) -> None:
+        """Shut the executor down and wait for it. A broken pool has asked its surviving workers to
+        stop with SIGTERM, which they ignore (module docstring), and waits for them: SIGKILL them
+        first (their queues may be in a dirty state, which is why the executor stops them)."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if getattr(executor, "_broken", False):
+            for process in list((getattr(executor, "_processes", None) or {}).values()):
+                process.kill()  # a no-op for one already reaped (no waitpid here: the executor's thread reaps)
+        executor.shutdown(wait=True, cancel_futures=True)
 
     def pop_metrics(self) -> dict[str, float]:
         """Items lost to dead workers and pool rebuilds since the previous call (then reset)."""
@@ -178,9 +224,11 @@ class RewardPool:
         return metrics
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self._shutdown()
+        if self._trainer_alive is not None:
+            for end in self._trainer_alive:
+                end.close()
+            self._trainer_alive = None
 
     def __enter__(self) -> "RewardPool":
         return self
