@@ -16,6 +16,31 @@ from scalerl.config import HealthConfig
 from scalerl.monitor.events import Event
 
 
+def setting_text(value: float) -> str:
+    """A configured number as its shortest exact text: 10 -> '10', 0.2 -> '0.2', 1e-9 -> '1e-09'."""
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+
+
+def digits_apart(x: float, limit: float, start: int = 3, *, limit_text: str | None = None) -> int:
+    """The fewest significant digits (at least `start`) at which `x` printed with them compares with the
+    printed limit (`limit_text`, or `limit` with as many digits) as the numbers themselves do: 10.04
+    against 10 needs 4 ("10.04 > 10"), never "10 > 10"."""
+    for d in range(start, 18):
+        px = float(f"{x:.{d}g}")
+        pl = float(limit_text) if limit_text is not None else float(f"{limit:.{d}g}")
+        if (px > pl) == (x > limit) and (px < pl) == (x < limit):
+            return d
+    return 17
+
+
+def apart(x: float, limit: float, start: int = 3, *, setting: bool = False) -> tuple[str, str]:
+    """(x, limit) as text whose comparison reads as the numbers' does; a `setting` limit is printed
+    exactly (`setting_text`), a computed one with the digits x needs."""
+    limit_text = setting_text(limit) if setting else None
+    d = digits_apart(x, limit, start, limit_text=limit_text)
+    return f"{x:.{d}g}", limit_text if limit_text is not None else f"{limit:.{d}g}"
+
+
 def kl_side(kl: float, band: tuple[float, float]) -> str:
     """'below' if KL < low, 'above' if KL > high, else 'inside' (the band is closed)."""
     return "below" if kl < band[0] else "above" if kl > band[1] else "inside"
@@ -31,11 +56,14 @@ def kl_explosion(kl: float, recent: Sequence[float], *, band_high: float, explos
     The jump must also leave the band, so that 0.001 → 0.02 early in training is not one.
     """
     if kl > explosion_factor * band_high:
-        return f"{kl:.4g} > {explosion_factor:g} x band high {band_high:g}"
+        x, limit = apart(kl, explosion_factor * band_high, 4)
+        return f"{x} > {setting_text(explosion_factor)} x band high {setting_text(band_high)} = {limit}"
     if kl > band_high and len(recent) >= min_history:
         median = statistics.median(recent)
         if kl > jump_factor * median:
-            return f"{kl:.4g} > {jump_factor:g} x recent median {median:.4g}"
+            d = max(digits_apart(kl, jump_factor * median, 4), digits_apart(kl, band_high, 4, limit_text=setting_text(band_high)))
+            return (f"{kl:.{d}g} > band high {setting_text(band_high)} and > {setting_text(jump_factor)} x recent median {median:.{d}g} "
+                    f"= {jump_factor * median:.{d}g}")
     return None
 
 
@@ -196,22 +224,37 @@ class HealthMonitor:
             collapsed, mu, sigma = reward_collapse(metrics["reward_mean"], self.reward_history, k=cfg.collapse.k,
                                                    margin=cfg.collapse.margin, min_history=cfg.min_history)
             if collapsed:
+                reward, floor = metrics["reward_mean"], mu - cfg.collapse.k * sigma
+                margin = setting_text(cfg.collapse.margin)
+                d = max(digits_apart(reward, floor), digits_apart(mu - reward, cfg.collapse.margin, limit_text=margin))
                 events.append(Event(step, "reward_collapse", "critical",
-                                    f"reward_mean {metrics['reward_mean']:.3f} fell below the last {len(self.reward_history)} "
-                                    f"steps' {mu:.3f} - {cfg.collapse.k:g} x {sigma:.3f}: check the batch for contaminated data",
-                                    values={"reward_mean": metrics["reward_mean"], "window_mean": mu, "window_std": sigma}))
+                                    f"reward_mean {reward:.{d}g} fell below the last {len(self.reward_history)} steps' mean "
+                                    f"{mu:.{d}g} - {cfg.collapse.k:g} x std {sigma:.{d}g} = {floor:.{d}g}, and is {mu - reward:.{d}g} "
+                                    f"below that mean (more than the margin {margin}): check the batch for contaminated data",
+                                    values={"reward_mean": reward, "window_mean": mu, "window_std": sigma, "floor": floor,
+                                            "k": cfg.collapse.k, "margin": cfg.collapse.margin}))
         if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # an excursion starts
             events += self._grad_norm_event(step, metrics["grad_norm"])
         if cfg.no_signal.enabled:
             events += self._no_signal_event(step, metrics)
         self.observe(step, metrics)
-        patience = cfg.plateau.patience
-        if cfg.plateau.enabled and self.since_best == patience:  # once per plateau: a new best re-arms it
-            events.append(Event(step, "reward_plateau", "warning",
-                                f"no new best smoothed reward for {self.since_best} steps (best {self.best:.3f} at step "
-                                f"{self.best_step}, now {statistics.fmean(self.rewards[-cfg.plateau.smooth:]):.3f})",
-                                values={"best": self.best, "best_step": self.best_step, "steps_since_best": self.since_best}))
+        if cfg.plateau.enabled and self.since_best == cfg.plateau.patience:  # once per plateau: a new best re-arms it
+            events.append(self._plateau_event(step))
         return events
+
+    def _plateau_event(self, step: int) -> Event:
+        """The plateau warning, with the numbers the rule compared: a new best needs the smoothed reward
+        above best + min_delta, so "now" (possibly above the best, by less than the margin) is set against that."""
+        p = self.config.plateau
+        now = statistics.fmean(self.rewards[-p.smooth:])
+        need = self.best + p.min_delta
+        d = digits_apart(now, need)
+        return Event(step, "reward_plateau", "warning",
+                     f"no new best smoothed reward (mean reward_mean of the last {p.smooth} steps) for {self.since_best} steps "
+                     f"(patience {p.patience}): now {now:.{d}g}, not above the {need:.{d}g} a new best needs "
+                     f"(best {self.best:.{d}g} at step {self.best_step} + min_delta {p.min_delta:g})",
+                     values={"best": self.best, "best_step": self.best_step, "steps_since_best": self.since_best,
+                             "smoothed": now, "needed": need, "min_delta": p.min_delta, "patience": p.patience, "smooth": p.smooth})
 
     def evaluate_pass_rate(self, step: int, pass_rate: float) -> list[Event]:
         """The `pass_rate_drop` rule on a held-out evaluation (step 0: the one before training)."""
@@ -223,9 +266,12 @@ class HealthMonitor:
         if not cfg.enabled or self.drop_said or self.low_evals < cfg.evals:
             return []
         self.drop_said = True
+        drop, max_drop = self.best_pass_rate - pass_rate, setting_text(cfg.max_drop)
+        d = digits_apart(drop, cfg.max_drop, limit_text=max_drop)
         return [Event(step, "pass_rate_drop", "critical",
-                      f"held-out pass rate {pass_rate:.3f} is more than {cfg.max_drop:g} below its best {self.best_pass_rate:.3f} "
-                      f"(step {self.best_pass_rate_step}) for {self.low_evals} evaluations in a row: the policy is degrading; "
+                      f"held-out pass rate {pass_rate:.{d}g} is {drop:.{d}g} below its best {self.best_pass_rate:.{d}g} "
+                      f"(step {self.best_pass_rate_step}), more than max_drop {max_drop}, for {self.low_evals} evaluations "
+                      "in a row: the policy is degrading; "
                       f"its best weights are the checkpoint nearest step {self.best_pass_rate_step}",
                       values={"pass_rate": pass_rate, "best": self.best_pass_rate, "best_step": self.best_pass_rate_step,
                               "low_evals": self.low_evals})]
@@ -238,7 +284,8 @@ class HealthMonitor:
             return []
         n = self.grad_unannounced
         since = f"; {n} more excursion{'s' * (n != 1)} since the warning at step {self.grad_warned_at}" if n else ""
-        event = Event(step, "grad_norm", "warning", f"gradient norm {norm:.3g} > {cfg.max:g} (before clipping){since}",
+        x, limit = apart(norm, cfg.max, setting=True)
+        event = Event(step, "grad_norm", "warning", f"gradient norm {x} > {limit} (before clipping){since}",
                       values={"grad_norm": norm, "max": cfg.max, "unannounced_excursions": self.grad_unannounced})
         self.grad_warned_at, self.grad_unannounced = step, 0
         return [event]
@@ -281,8 +328,9 @@ class HealthMonitor:
             return [Event(step, "kl_explosion", "critical", f"{cfg.metric} exploded: {reason}",
                           values={**values, "recent_median": median})]
         if side != "inside" and side != was:
-            return [Event(step, "kl_band", "warning",
-                          f"{cfg.metric} {kl:.4g} is {side} the healthy band [{cfg.band[0]:g}, {cfg.band[1]:g}]", values=values)]
+            low, high = setting_text(cfg.band[0]), setting_text(cfg.band[1])
+            d = digits_apart(kl, cfg.band[0], 4, limit_text=low) if side == "below" else digits_apart(kl, cfg.band[1], 4, limit_text=high)
+            return [Event(step, "kl_band", "warning", f"{cfg.metric} {kl:.{d}g} is {side} the healthy band [{low}, {high}]", values=values)]
         return []
 
     def verdict(self) -> dict[str, Any]:

@@ -3,15 +3,17 @@ events (which rule, when, how often)."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scalerl.config import HealthConfig, load_config
 from scalerl.errors import ScaleRLError
-from scalerl.monitor.health import (HealthMonitor, direction_flips, kl_explosion, kl_side, linear_trend, phase_verdict,
-                                    reward_collapse)
+from scalerl.monitor.health import (HealthMonitor, apart, digits_apart, direction_flips, kl_explosion, kl_side, linear_trend,
+                                    phase_verdict, reward_collapse, setting_text)
 
 EXPLODE = dict(band_high=3.0, explosion_factor=3.0, jump_factor=10.0, min_history=5)
 
@@ -184,3 +186,90 @@ def test_plateau_waits_for_a_full_smoothing_window():
     # The first smoothed value is mean(0.9, 0.1, 0.2) = 0.4 at step 3; no new best at steps 4, 5 -> fires at 5, once.
     assert m.best == pytest.approx(0.4) and m.best_step == 3
     assert {s: r for s, r in fired.items() if r} == {5: ["reward_plateau"]}
+
+
+def test_printed_comparisons_read_true():
+    """Every "x > limit" in a message prints x with the digits it needs to differ from the limit."""
+    assert apart(10.04, 10.0, setting=True) == ("10.04", "10")  # not "10 > 10"
+    assert apart(10.5, 10.0, setting=True) == ("10.5", "10")
+    assert apart(10.000001, 10.0, setting=True) == ("10.000001", "10")
+    assert apart(0.30001, 0.3) == ("0.30001", "0.3")
+    assert setting_text(0.1 + 0.2) == repr(0.1 + 0.2) and setting_text(1e-9) == "1e-09"
+    rng = np.random.default_rng(0)
+    for limit in rng.uniform(0.01, 100, 300):
+        x = limit * (1 + 10 ** rng.uniform(-9, -1))
+        shown, shown_limit = apart(x, limit)
+        assert float(shown) > float(shown_limit), (x, limit, shown, shown_limit)
+    assert digits_apart(0.2, 0.2) == 3  # equal numbers print equal
+
+    quiet = dict(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False}, no_signal={"enabled": False})
+    m = HealthMonitor(HealthConfig(**quiet), completions_per_step=16)
+    assert m.evaluate(1, _metrics(grad_norm=10.04))[0].message == "gradient norm 10.04 > 10 (before clipping)"
+    band = HealthMonitor(HealthConfig(plateau={"enabled": False}, collapse={"enabled": False}), completions_per_step=16)
+    assert band.evaluate(1, _metrics(kl_seq=3.00002))[0].message == "kl_seq 3.00002 is above the healthy band [0.5, 3]"
+    assert kl_explosion(9.0001, [], **EXPLODE) == "9.0001 > 3 x band high 3 = 9"
+    assert kl_explosion(4.00001, [0.4] * 5, **EXPLODE) == "4.00001 > band high 3 and > 10 x recent median 0.4 = 4"
+    drop = HealthMonitor(HealthConfig(), completions_per_step=16)
+    for step, rate in [(0, 0.6), (50, 0.3999), (100, 0.3999)]:
+        events = drop.evaluate_pass_rate(step, rate)
+    assert events[0].message.startswith("held-out pass rate 0.3999 is 0.2001 below its best 0.6 (step 0), more than max_drop 0.2,")
+    crash = HealthMonitor(HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, collapse={"k": 0, "margin": 0.1}),
+                          completions_per_step=16)
+    rows = [_metrics(reward_mean=0.5)] * 5 + [_metrics(reward_mean=0.3999)]
+    message = [e for s, r in enumerate(rows, 1) for e in crash.evaluate(s, r) if e.rule == "reward_collapse"][0].message
+    assert message.startswith("reward_mean 0.3999 fell below the last 5 steps' mean 0.5 - 0 x std 0 = 0.5, and is 0.1001 below "
+                              "that mean (more than the margin 0.1)")
+
+
+def test_plateau_message_states_the_rule_numbers():
+    """'best 0.200, now 0.206' read as a contradiction: the message sets now against best + min_delta."""
+    cfg = HealthConfig(kl={"enabled": False}, collapse={"enabled": False}, plateau={"patience": 3, "smooth": 1, "min_delta": 0.01})
+    m = HealthMonitor(cfg, completions_per_step=16)
+    events = [e for s, r in enumerate([0.2, 0.205, 0.208, 0.206], 1) for e in m.evaluate(s, _metrics(reward_mean=r))
+              if e.rule == "reward_plateau"]
+    assert [e.step for e in events] == [4]
+    assert events[0].message == ("no new best smoothed reward (mean reward_mean of the last 1 steps) for 3 steps (patience 3): "
+                                 "now 0.206, not above the 0.21 a new best needs (best 0.2 at step 1 + min_delta 0.01)")
+    assert events[0].values == {"best": 0.2, "best_step": 1, "steps_since_best": 3, "smoothed": 0.206, "needed": 0.2 + 0.01,
+                                "min_delta": 0.01, "patience": 3, "smooth": 1}
+
+
+RECORDED = json.loads((Path(__file__).parent / "default_run_rewards.json").read_text())
+
+
+def _replay(correct: list[int], config: HealthConfig) -> list:
+    """The reward rules on a recorded reward curve (loss and gradient norm held at healthy values)."""
+    n = RECORDED["completions_per_step"]
+    m = HealthMonitor(config, completions_per_step=n)
+    return [e for s, k in enumerate(correct, 1)
+            for e in m.evaluate(s, _metrics(reward_mean=k / n, reward_std=math.sqrt(k / n * (1 - k / n))))]
+
+
+@pytest.mark.parametrize("run", [r for r in RECORDED["runs"] if r.startswith("seed")])
+def test_default_plateau_rule_is_quiet_on_healthy_default_runs(run):
+    """The default job's reward still rises, noisily (5 seeds recorded): no reward warning. The old
+    defaults (patience 10, smooth 5) printed 5-9 plateau warnings on each of these."""
+    events = _replay(RECORDED["runs"][run], HealthConfig())
+    assert [e.rule for e in events] == ["kl_inactive"], [e.message for e in events]
+    old = HealthConfig(plateau={"patience": 10, "smooth": 5, "min_delta": 0.01})
+    assert len([e for e in _replay(RECORDED["runs"][run], old) if e.rule == "reward_plateau"]) >= 5
+
+
+@pytest.mark.parametrize("run", [r for r in RECORDED["runs"] if r.startswith("frozen")])
+def test_default_plateau_rule_warns_on_a_frozen_policy(run):
+    """optim.lr=1e-12: the reward stays where it started; the default rule warns within the 300 steps."""
+    events = [e for e in _replay(RECORDED["runs"][run], HealthConfig()) if e.rule == "reward_plateau"]
+    assert len(events) == 1 and events[0].step <= 250, [e.message for e in events]
+    assert events[0].values["steps_since_best"] == HealthConfig().plateau.patience
+
+
+def test_default_plateau_rule_on_synthetic_curves():
+    """The same on 30 curves shaped like the default run's (the 5 seeds' mean, fitted: 0.154 - 0.0283 ln t
+    + 0.0149 ln² t, rising 0.15 -> 0.48, with their noise of 0.07 a step) and 30 flat ones (0.14, noise
+    0.035 as in the frozen runs): quiet on every rising one, a warning on every flat one."""
+    rng = np.random.default_rng(7)
+    log_t = np.log(np.arange(1, 301))
+    trend = 0.154 - 0.0283 * log_t + 0.0149 * log_t ** 2
+    fired = lambda curve: [e.step for e in _replay(list(np.clip(curve, 0, 1) * 128), HealthConfig()) if e.rule == "reward_plateau"]
+    assert not any(fired(trend + rng.normal(0, 0.07, 300)) for _ in range(30))
+    assert all(fired(0.14 + rng.normal(0, 0.035, 300)) for _ in range(30))
