@@ -10,11 +10,13 @@ import base64
 import html
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -32,6 +34,9 @@ PANELS: list[tuple[str, list[str], str | None]] = [
     ("Held-out pass rate", ["eval/pass_rate"], None),
 ]
 SEVERITY_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#7f7f7f"}
+KL_KEYS = ("kl", "kl_seq")
+FIGSIZE = (11, 4.4)  # inches; at DPI, 1100 x 440 pixels before tight cropping
+DPI = 100
 
 
 @dataclass
@@ -40,6 +45,7 @@ class RunData:
     rows: list[dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the run's config.yaml, as plain YAML ({} when absent)
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -54,7 +60,9 @@ def load_run(run_dir: Path) -> RunData:
         raise ScaleRLError(f"{run_dir}/metrics.jsonl: empty; the run has not logged a step yet")
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    return RunData(run_dir, rows, read_events(run_dir), summary)
+    config_path = run_dir / "config.yaml"
+    config = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
+    return RunData(run_dir, rows, read_events(run_dir), summary, config if isinstance(config, dict) else {})
 
 
 def series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -73,8 +81,44 @@ def run_series(data: RunData, key: str) -> tuple[list[int], list[float]]:
 
 def png(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return buf.getvalue()
+
+
+def same_series(a: tuple[list[int], list[float]], b: tuple[list[int], list[float]]) -> bool:
+    """The same steps and, at each, the same value (to 1e-9: sums in another order may differ in the last bit)."""
+    return a[0] == b[0] and all(math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12) for x, y in zip(a[1], b[1]))
+
+
+def panel_lines(data: RunData, keys: list[str]) -> list[tuple[list[str], list[int], list[float]]]:
+    """(names, steps, values) per line to draw: the recorded keys, with a series identical to an earlier
+    one drawn once under both names (`reward_mean` is `task_reward_mean` when nothing is fused in)."""
+    lines: list[tuple[list[str], list[int], list[float]]] = []
+    for key in keys:
+        steps, values = run_series(data, key)
+        if not steps:
+            continue
+        twin = next((line for line in lines if same_series((line[1], line[2]), (steps, values))), None)
+        if twin is not None:
+            twin[0].append(key)
+        else:
+            lines.append(([key], steps, values))
+    return lines
+
+
+def line_label(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{' = '.join(names)} (identical)"
+
+
+def kl_missing_reason(data: RunData) -> str:
+    """Why a run logged no KL, from its config.yaml (else its β column), and how to measure it."""
+    kl = (data.config.get("algorithm") or {}).get("kl") or {}
+    betas = {r["beta"] for r in data.rows if isinstance(r.get("beta"), (int, float))}
+    beta = kl.get("beta", next(iter(betas)) if len(betas) == 1 else None)
+    how = "set algorithm.kl.track=true to measure it (one extra forward per step), or algorithm.kl.beta > 0 to also penalise it"
+    if beta == 0 and not kl.get("track"):
+        return f"KL not measured: β = 0 and algorithm.kl.track is off, so no reference model was loaded and kl is null at every step; {how}"
+    return f"KL not recorded: kl and kl_seq are null at every step (β {'= ' + format(beta, 'g') if beta is not None else 'unknown'}); {how}"
 
 
 def _mark_events(ax: Axes, events: list[dict[str, Any]]) -> None:
@@ -89,31 +133,43 @@ def _mark_events(ax: Axes, events: list[dict[str, Any]]) -> None:
 
 def plot_panel(data: RunData, title: str, keys: list[str], right: str | None) -> bytes | None:
     """One panel's PNG, or None when the run recorded none of its metrics."""
-    lines = [(key, *run_series(data, key)) for key in keys]
-    lines = [line for line in lines if line[1]]
+    lines = panel_lines(data, keys)
     right_line = series(data.rows, right) if right else ([], [])
     if not lines and not right_line[0]:
         return None
-    fig = Figure(figsize=(7, 3))
+    fig = Figure(figsize=FIGSIZE)
     ax = fig.subplots()
-    for key, steps, values in lines:
-        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=key)
+    for names, steps, values in lines:
+        ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=line_label(names))
     if right and right_line[0]:
         twin = ax.twinx()
         twin.plot(*right_line, color="#2ca02c", linestyle="-.", label=right)
         twin.set_ylabel(right)
-        twin.legend(loc="upper right", fontsize=8)
+        twin.legend(loc="upper right", fontsize=9)
     _mark_events(ax, data.events)
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", fontsize=9)
     return png(fig)
+
+
+def panel_html(data: RunData, title: str, keys: list[str], right: str | None) -> str:
+    """A panel's figure with a caption naming series drawn once for several names; a one-line reason
+    in its place when there is nothing to draw (the KL panel of a run without a reference model)."""
+    if KL_KEYS[0] in keys and not any(panel_lines(data, list(KL_KEYS))):
+        return f'<p class="muted kl-missing">{html.escape(title)}: {html.escape(kl_missing_reason(data))}</p>'
+    image = plot_panel(data, title, keys, right)
+    if image is None:
+        return f'<p class="muted">{html.escape(title)}: not recorded in this run</p>'
+    merged = [names for names, _, _ in panel_lines(data, keys) if len(names) > 1]
+    caption = "; ".join(f"{', '.join(names[1:])} identical to {names[0]} at every step: one line drawn" for names in merged)
+    return _img(title, image, caption)
 
 
 def plot_forecast(data: RunData, forecast: dict[str, Any]) -> bytes:
     """The fitted saturating curve with its bootstrap band over the measured pass rates."""
-    fig = Figure(figsize=(7, 3.2))
+    fig = Figure(figsize=FIGSIZE)
     ax = fig.subplots()
     xs = [x for x, _ in forecast["curve"]]
     ax.fill_between(xs, forecast["band_low"], forecast["band_high"], color="#1f77b4", alpha=0.2, label="95% band")
@@ -128,7 +184,7 @@ def plot_forecast(data: RunData, forecast: dict[str, Any]) -> bytes:
     ax.set_xlabel(forecast["compute_key"])
     ax.set_ylabel("pass rate")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=9)
     return png(fig)
 
 
@@ -144,8 +200,9 @@ def run_forecast(run_dir: Path) -> tuple[dict[str, Any] | None, str]:
         return None, f"forecast unavailable: {err}"
 
 
-def _img(title: str, data: bytes) -> str:
-    return f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
+def _img(title: str, data: bytes, caption: str = "") -> str:
+    cap = f'<figcaption class="muted">{html.escape(caption)}</figcaption>' if caption else ""
+    return f'<figure><img alt="{html.escape(title)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">{cap}</figure>'
 
 
 def _fmt(value: Any) -> str:
@@ -179,7 +236,7 @@ def _events_table(events: list[dict[str, Any]]) -> str:
     return f"<table><tr><th>step</th><th>severity</th><th>rule</th><th>message</th><th>action</th></tr>{rows}</table>"
 
 
-CSS = """body{font-family:system-ui,sans-serif;max-width:980px;margin:2em auto;color:#222}
+CSS = """body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;color:#222}
 figure{margin:1em 0}img{max-width:100%}table{border-collapse:collapse;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;font-size:14px}.muted{color:#777}
 tr.critical{background:#fdd}tr.warning{background:#fed}"""
@@ -188,10 +245,7 @@ tr.critical{background:#fdd}tr.warning{background:#fed}"""
 def render_report(data: RunData, forecast: dict[str, Any] | None, forecast_note: str) -> str:
     """The report's HTML: summary, health verdict, events, one figure per panel, forecast."""
     name = html.escape(data.run_dir.name)
-    plots = []
-    for title, keys, right in PANELS:
-        image = plot_panel(data, title, keys, right)
-        plots.append(_img(title, image) if image else f'<p class="muted">{html.escape(title)}: not recorded in this run</p>')
+    plots = [panel_html(data, title, keys, right) for title, keys, right in PANELS]
     if forecast is not None:
         fc = (f"<p>A (asymptote) {_fmt(forecast['A'])}, B {_fmt(forecast['B'])}, C_mid {_fmt(forecast['C_mid'])}, "
               f"R0 {_fmt(forecast['R0'])}, over {len(forecast['points'])} points ({html.escape(forecast['compute_key'])})</p>"

@@ -17,7 +17,7 @@ from PIL import Image, ImageStat
 from conftest import run_cli
 from observed_run import observed
 from scalerl.errors import ScaleRLError
-from scalerl.monitor.report import PANELS, load_run, render_report, run_forecast, write_report
+from scalerl.monitor.report import PANELS, load_run, panel_lines, render_report, run_forecast, write_report
 
 IMG = re.compile(r'<img alt="([^"]*)" src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
 
@@ -57,13 +57,51 @@ def test_report_html_embeds_a_valid_png_per_recorded_panel(tmp_path):
     images = _pngs(page)
     recorded = [title for title, _, _ in PANELS if title != "Entropy"]
     assert list(images) == [*recorded, "forecast"]  # one figure per panel with data, in order, then the forecast
-    for image in images.values():
-        assert image.format == "PNG" and image.width > 300 and image.height > 150
+    for image in images.values():  # large enough to read: 7 x 3 in at 90 dpi was ~520 x 240 px
+        assert image.format == "PNG" and image.width >= 850 and image.height >= 380, image.size
     assert "Entropy: not recorded in this run" in page
     assert '<b class="verdict">rising</b>' in page
     assert page.count('<tr class="warning">') == 1 and page.count('<tr class="critical">') == 1
     assert "kl &lt;b&gt;low&lt;/b&gt;" in page and "rolled back" in page  # event text is escaped
     assert "A (asymptote) 0.6" in page
+
+
+def _rewrite(run, edit):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(edit(r)) + "\n" for r in rows))
+
+
+def test_empty_kl_panel_says_why_and_how_to_track_it(tmp_path):
+    """β = 0 and no tracking: no reference model, so kl is null at every step; the panel says so in one line."""
+    run = _synthetic_run(tmp_path)
+    _rewrite(run, lambda r: {**r, "kl": None, "kl_seq": None, "beta": 0.0})
+    (run / "config.yaml").write_text("algorithm:\n  name: grpo\n  kl:\n    beta: 0.0\n    track: false\n")
+    page = render_report(load_run(run), None, "")
+    assert "KL and β" not in _pngs(page)
+    notes = re.findall(r'<p class="muted kl-missing">([^<]*)</p>', page)
+    assert len(notes) == 1 and "\n" not in notes[0]
+    assert "β = 0 and algorithm.kl.track is off, so no reference model was loaded" in notes[0]
+    assert "set algorithm.kl.track=true" in notes[0]
+    (run / "config.yaml").unlink()  # without config.yaml: the β column says it
+    assert "β = 0 and algorithm.kl.track is off" in render_report(load_run(run), None, "")
+    # with KL recorded, the panel is drawn and there is no note
+    page = render_report(load_run(_synthetic_run(tmp_path / "tracked")), None, "")
+    assert "KL and β" in _pngs(page) and "kl-missing" not in page
+
+
+def test_identical_series_are_drawn_once_under_both_names(tmp_path):
+    run = _synthetic_run(tmp_path)
+    _rewrite(run, lambda r: {**r, "task_reward_mean": r["reward_mean"]})  # no components: fused = task reward
+    data = load_run(run)
+    assert [names for names, _, _ in panel_lines(data, ["reward_mean", "task_reward_mean"])] == [["reward_mean", "task_reward_mean"]]
+    page = render_report(data, None, "")
+    captions = re.findall(r"<figcaption[^>]*>([^<]*)</figcaption>", page)
+    assert captions == ["task_reward_mean identical to reward_mean at every step: one line drawn"]
+    assert re.search(r'<img alt="Reward" [^>]*><figcaption', page)  # under the Reward panel
+    _rewrite(run, lambda r: {**r, "task_reward_mean": r["reward_mean"] + 0.01})  # different: two lines, no caption
+    data = load_run(run)
+    assert len(panel_lines(data, ["reward_mean", "task_reward_mean"])) == 2
+    assert "<figcaption" not in render_report(data, None, "")
 
 
 def test_report_without_events_verdict_or_forecast_says_so(tmp_path, monkeypatch):
