@@ -82,11 +82,16 @@ def test_python_m_train_runs_on_cpu_with_hardware_flags_falling_back(runs):
                    "--adam_offload", "1", "--steps", "2", "--name", "legacy", "--set", f"log.run_dir={runs}",
                    "--set", "log.console=plain", "--set", "eval.max_tasks=8", "--set", "rollout.prompts_per_step=2")
     assert proc.returncode == 0, proc.stderr
-    assert "flash_attention_2 needs a CUDA GPU; using sdpa" in proc.stderr
+    assert "flash_attention_2 needs a CUDA GPU; using sdpa on cpu; the run records it in" in proc.stderr
     assert "optim.offload=true has nothing to do on CPU" in proc.stderr
     assert "step 2/2" in proc.stdout and "run summary" in proc.stdout
     summary = json.loads((runs / "legacy" / "summary.json").read_text())
     assert summary["steps"] == 2
+    # what ran is recorded beside what was asked for: sdpa, after the fallback
+    resolved = yaml.safe_load((runs / "legacy" / "resolved.yaml").read_text())
+    assert resolved["model"]["attn_implementation"] == "sdpa" and resolved["model"]["attn_implementation_requested"] == "flash_attention_2"
+    assert "needs a CUDA GPU" in resolved["model"]["attn_implementation_fallback"] and resolved["train"]["device"] == "cpu"
+    assert "attn_implementation: flash_attention_2  # ran as sdpa" in (runs / "legacy" / "config.yaml").read_text()
 
 
 def test_fp8_fails_clearly_on_cpu(runs):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
@@ -11,22 +10,24 @@ from scalerl.config import ModelConfig
 from scalerl.errors import ScaleRLError
 from scalerl.models.paths import resolve_model_path
 
-log = logging.getLogger(__name__)
 
-
-def select_attention(requested: str, device: torch.device) -> str:
-    """flash_attention_2 where it can run, else sdpa with a one-line warning."""
+def attention_choice(requested: str, device: torch.device) -> tuple[str, str | None]:
+    """(the implementation to load, why it is not the requested one or None): flash_attention_2 where it
+    can run, else sdpa. A run says and records the fallback (`scalerl.trainer.setup.what_ran`, `prepare_run_dir`)."""
     if requested != "flash_attention_2":
-        return requested
+        return requested, None
     if device.type != "cuda":
-        log.warning("model.attn_implementation=flash_attention_2 needs a CUDA GPU; using sdpa on %s", device.type)
-        return "sdpa"
+        return "sdpa", f"flash_attention_2 needs a CUDA GPU; using sdpa on {device.type}"
     try:
         import flash_attn  # noqa: F401
     except ImportError:
-        log.warning("model.attn_implementation=flash_attention_2 needs `pip install flash-attn`; using sdpa")
-        return "sdpa"
-    return requested
+        return "sdpa", "flash_attention_2 needs `pip install flash-attn`; using sdpa"
+    return requested, None
+
+
+def attention_used(model: torch.nn.Module, requested: str) -> str:
+    """The attention implementation the loaded model runs (transformers keeps it in its config)."""
+    return getattr(model.config, "_attn_implementation", None) or requested
 
 
 def load_tokenizer(config: ModelConfig):
@@ -57,7 +58,7 @@ def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = t
         model = AutoModelForCausalLM.from_pretrained(
             source,
             dtype=dtype,
-            attn_implementation=select_attention(config.attn_implementation, device),
+            attn_implementation=attention_choice(config.attn_implementation, device)[0],
             trust_remote_code=config.trust_remote_code,
         )
     except Exception as err:  # OSError, ValueError, safetensors' SafetensorError, ...: the folder or id is at fault

@@ -40,6 +40,7 @@ from scalerl.trainer.setup import (
     prepare_run_dir,
     seed_everything,
     set_threads,
+    what_ran,
 )
 from scalerl.trainer.signals import GracefulStop, Stopped
 from scalerl.trainer.step import publish_weights, train_step
@@ -57,7 +58,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     check_offload(config, ctx.device)
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, ctx.device)
-    prepare_run_dir(config, ctx, run_dir, resume)  # only once the model loaded: a run that cannot start leaves nothing
+    # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
+    prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
     learner = build_learner(config, ctx, policy)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast)

@@ -9,14 +9,17 @@ import random
 import shutil
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import torch
+import yaml
 
 from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config, dump_config
 from scalerl.distributed.context import DistContext
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
+from scalerl.models.loading import attention_choice, attention_used
 from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
@@ -56,7 +59,7 @@ def check_offload(config: Config, device: torch.device) -> None:
 
 def check_run_dir(config: Config, resume: bool, overwrite: bool = False) -> Path:
     """Where the run goes, checked before anything loads (and nothing written): a new run refuses a
-    folder that holds a run (anything beside a config.yaml) unless `overwrite`; a resume needs the
+    folder that holds a run (anything beside a config.yaml and resolved.yaml) unless `overwrite`; a resume needs the
     run there and may change only what can change mid-run (`check_resume`)."""
     if resume and config.log.name is None:
         raise ScaleRLError("--resume needs the run's name: add --name NAME (or set log.name)")
@@ -65,25 +68,59 @@ def check_run_dir(config: Config, resume: bool, overwrite: bool = False) -> Path
     if resume:
         check_resume(config, run_dir)
         return run_dir
-    held = [p.name for p in run_dir.iterdir() if p.name != "config.yaml"] if run_dir.is_dir() else []
+    held = [p.name for p in run_dir.iterdir() if p.name not in ("config.yaml", RESOLVED_FILE)] if run_dir.is_dir() else []
     if held and not overwrite:
         raise ScaleRLError(f"log.name: {run_dir} already holds a run ({', '.join(sorted(held)[:3])}); continue it with --resume, "
                            "replace it with --overwrite, or choose another --name")
     return run_dir
 
 
-def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: bool) -> None:
-    """A new run: empty the folder (`check_run_dir` allowed it), write the resolved config. A resume
-    leaves config.yaml to be rewritten once its checkpoint has loaded."""
-    if resume:
-        return
-    ctx.barrier()  # every rank has looked before rank 0 empties the folder
-    if ctx.is_main:
-        if run_dir.is_dir():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True)
-        (run_dir / "config.yaml").write_text(dump_config(config))
-    ctx.barrier()
+RESOLVED_FILE = "resolved.yaml"
+RESOLVED_HEADER = ("# What this run ran with where config.yaml leaves the choice to the machine, written once the model loaded\n"
+                   "# (by the latest start: a resume rewrites it). config.yaml keeps what was asked for.\n")
+
+
+def what_ran(config: Config, ctx: DistContext, policy: torch.nn.Module) -> dict[str, Any]:
+    """The resolved.yaml tree: the attention implementation the loaded policy runs (and why, when it
+    is not the requested one), the device and the number of processes."""
+    requested = config.model.attn_implementation
+    used = attention_used(policy, requested)
+    model: dict[str, Any] = {"attn_implementation": used, "attn_implementation_requested": requested}
+    if used != requested:
+        model["attn_implementation_fallback"] = attention_choice(requested, ctx.device)[1] or f"transformers loaded {used}"
+    return {"model": model, "train": {"device": str(ctx.device), "world_size": ctx.world_size}}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: bool, ran: dict[str, Any] | None = None) -> None:
+    """A new run: empty the folder (`check_run_dir` allowed it), write the resolved config (a fallback
+    from the requested attention implementation noted on its line). Either way, once the model has
+    loaded: resolved.yaml with `ran` (`what_ran`), and a startup line for a fallback. A resume leaves
+    config.yaml to be rewritten once its checkpoint has loaded."""
+    model = (ran or {}).get("model", {})
+    fallback = model.get("attn_implementation_fallback")
+    if not resume:
+        ctx.barrier()  # every rank has looked before rank 0 empties the folder
+        if ctx.is_main:
+            if run_dir.is_dir():
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True)
+            text = dump_config(config)
+            if fallback:
+                line = f"  attn_implementation: {model['attn_implementation_requested']}\n"
+                text = text.replace(line, f"{line[:-1]}  # ran as {model['attn_implementation']}: see {RESOLVED_FILE}\n", 1)
+            (run_dir / "config.yaml").write_text(text)
+    if ctx.is_main and ran is not None:
+        _write_atomically(run_dir / RESOLVED_FILE, RESOLVED_HEADER + yaml.safe_dump(ran, sort_keys=False, width=1000))
+        if fallback:
+            log.warning("model.attn_implementation=%s; the run records it in %s", fallback, run_dir / RESOLVED_FILE)
+    if not resume:
+        ctx.barrier()
 
 
 def build_reference(policy: torch.nn.Module) -> torch.nn.Module:
