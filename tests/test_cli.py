@@ -116,3 +116,34 @@ def test_a_hub_id_with_the_hub_off_fails_in_one_line(runs):
                    env={"HF_HUB_OFFLINE": "1"})
     _one_line_error(proc, "nobody/no-such-model", "HF_HUB_OFFLINE=1")
     assert not runs.exists()  # nothing was created for a run that could not start
+
+
+def test_estimate_names_the_workload_it_prices(tmp_path):
+    """`--model-size 7b` alone prices the toy default job: the output says so, where each number came
+    from, and how to price another; --config and --set name theirs (and a 7b job may ask for more
+    tokens than the built-in model's 64 positions)."""
+    proc = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--tokens-per-s", "2000")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("workload: the built-in default job (a toy: no --config or --set changed its size): env arithmetic, "
+                               "300 steps x 16 prompts x group 8 = 128 completions per step and process, up to 8 new tokens each")
+    assert lines[1] == "  from: default: train.steps=300, rollout.prompts_per_step=16, rollout.group_size=8, rollout.max_new_tokens=8"
+    assert lines[2].startswith("  another workload: --config RUN.yaml, or --set train.steps=N --set rollout.prompts_per_step=P")
+    assert "(--model-size 7b, a Llama-2 shape)" in lines[3]
+    assert lines[-1].startswith("300 steps of the workload above x 1,024 generated tokens per step "
+                                "(128 completions x up to 8 new tokens) at 2,000 tokens/s: ")
+    job = tmp_path / "job.yaml"
+    job.write_text("train:\n  steps: 2000\nrollout:\n  group_size: 16\n")
+    proc = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--config", str(job), "--set", "rollout.max_new_tokens=512",
+                   "--prompt-len", "256", "--tokens-per-s", "2000")
+    assert proc.returncode == 0, proc.stderr
+    first, sources = proc.stdout.splitlines()[:2]
+    assert "2000 steps x 16 prompts x group 16 = 256 completions" in first and "up to 512 new tokens" in first
+    assert "prompts of 256 tokens (--prompt-len)" in first
+    assert sources == (f"  from: --config {job}: train.steps=2000, rollout.group_size=16; default: rollout.prompts_per_step=16; "
+                       "--set: rollout.max_new_tokens=512")
+    assert proc.stdout.splitlines()[-1].startswith("2000 steps of the workload above x 131,072 generated tokens per step")
+    _one_line_error(run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--set", "rollout.max_new_tokens=5000"),
+                    "rollout.max_new_tokens=5000", "Llama-2 7b has 4096 positions")
+    _one_line_error(run_cli("-m", "scalerl.cli.main", "estimate", "--set", "rollout.max_new_tokens=512"),
+                    "rollout.max_new_tokens=512", "64 positions")  # the config's own model still binds without --model-size

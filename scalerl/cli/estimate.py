@@ -22,6 +22,63 @@ def _prompt_len(config) -> int:
     return max(len(tok(task.prompt)["input_ids"]) for task in build_env(config.env.name, config.env.args).train_tasks()[:256])
 
 
+WORKLOAD_KEYS = ("train.steps", "rollout.prompts_per_step", "rollout.group_size", "rollout.max_new_tokens")
+
+
+def _flat(tree: dict, prefix: str = "") -> set[str]:
+    keys: set[str] = set()
+    for key, value in tree.items():
+        keys |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}"}
+    return keys
+
+
+def workload_sources(config_path: Optional[Path], overrides: list[str]) -> dict[str, str]:
+    """Where each workload number came from: '--set', '--config FILE' or 'default'."""
+    from scalerl.config import parse_override, read_yaml_mapping
+
+    from_file = _flat(read_yaml_mapping(config_path, "model:, env:, ..."))
+    from_set = {parse_override(item)[0] for item in overrides}
+    return {key: "--set" if key in from_set else f"--config {config_path}" if key in from_file else "default" for key in WORKLOAD_KEYS}
+
+
+def describe_workload(cfg, sources: dict[str, str], prompt_len: int, prompt_len_from: str) -> list[str]:
+    """The lines naming the job the figures are for, where its numbers came from, and how to price another."""
+    ro = cfg.rollout
+    values = {"train.steps": cfg.train.steps, "rollout.prompts_per_step": ro.prompts_per_step,
+              "rollout.group_size": ro.group_size, "rollout.max_new_tokens": ro.max_new_tokens}
+    whose = ("the built-in default job (a toy: no --config or --set changed its size)" if set(sources.values()) == {"default"}
+             else "the job of " + " and ".join(sorted({v.split(" ")[0] for v in sources.values() if v != "default"})) + " over the defaults")
+    by_source: dict[str, list[str]] = {}
+    for key, source in sources.items():
+        by_source.setdefault(source, []).append(f"{key}={values[key]}")
+    lines = [f"workload: {whose}: env {cfg.env.name}, {cfg.train.steps} steps x {ro.prompts_per_step} prompts x group "
+             f"{ro.group_size} = {cfg.batch_size} completions per step and process, up to {ro.max_new_tokens} new tokens each, "
+             f"prompts of {prompt_len} tokens ({prompt_len_from})",
+             "  from: " + "; ".join(f"{source}: {', '.join(keys)}" for source, keys in by_source.items()),
+             "  another workload: --config RUN.yaml, or --set train.steps=N --set rollout.prompts_per_step=P "
+             "--set rollout.group_size=G --set rollout.max_new_tokens=T (and --prompt-len L)"]
+    return lines
+
+
+PRESET_POSITIONS = 4096  # Llama-2's context, the shape --model-size prices
+
+
+def _checked(cfg, model_size: Optional[str]):
+    """`check_config`; with --model-size the config's own model is not the one priced, so its context
+    length does not bind the token budgets: Llama-2's 4096 positions do."""
+    from scalerl.checks import check_config
+
+    if model_size is None:
+        return check_config(cfg)
+    check_config(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"max_new_tokens": 1}),
+                                        "eval": cfg.eval.model_copy(update={"max_new_tokens": None})}))
+    for field, tokens in (("rollout.max_new_tokens", cfg.rollout.max_new_tokens), ("eval.max_new_tokens", cfg.eval.max_new_tokens)):
+        if tokens is not None and tokens + 1 > PRESET_POSITIONS:
+            raise ScaleRLError(f"{field}={tokens}: a Llama-2 {model_size} has {PRESET_POSITIONS} positions for the prompt and the "
+                               f"completion together; set it to at most {PRESET_POSITIONS - 1} (less the longest prompt's tokens)")
+    return cfg
+
+
 def _calibrate(config_path: Optional[Path], overrides: list[str], steps: int) -> Path:
     """Run `steps` real steps of the config (no evaluation, no checkpoint) in a temporary folder; its run dir."""
     from scalerl.config import load_config
@@ -51,7 +108,6 @@ def estimate(
     """Memory per component (weights, gradients, AdamW, activations, KV cache, reference, critic), GPUs, hours, cost."""
 
     def go() -> None:
-        from scalerl.checks import check_config
         from scalerl.config import load_config
         from scalerl.predict.cost import efficiency_for, run_cost, throughput_from_run
         from scalerl.predict.memory import (
@@ -62,18 +118,23 @@ def estimate(
             shape_of_model_path,
         )
 
-        cfg = check_config(load_config(config, list(set_)))
         if model_size is not None and model_size.lower() not in MODEL_PRESETS:
             raise ScaleRLError(f"--model-size: {model_size!r} is not one of {', '.join(MODEL_PRESETS)}")
+        cfg = _checked(load_config(config, list(set_)), model_size)
         shape = MODEL_PRESETS[model_size.lower()] if model_size else shape_of_model_path(cfg.model.path)
         micro = cfg.plan.micro_batch_size
         algo = cfg.algorithm
+        prompt_tokens = prompt_len if prompt_len is not None else _prompt_len(cfg)
+        prompt_from = "--prompt-len" if prompt_len is not None else f"the longest of {cfg.env.name}'s first 256 training prompts in {cfg.model.tokenizer or cfg.model.path}'s tokenizer"
+        for line in describe_workload(cfg, workload_sources(config, list(set_)), prompt_tokens, prompt_from):
+            print(line)
         mem = estimate_memory(shape, precision=precision or cfg.train.precision, optim_8bit=optim_8bit, micro_batch=micro,
-                              prompt_len=prompt_len if prompt_len is not None else _prompt_len(cfg),
+                              prompt_len=prompt_tokens,
                               completion_len=cfg.rollout.max_new_tokens, rollout_sequences=cfg.batch_size,
                               reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                               checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0)
-        print(f"model: {shape.params / 1e6:,.2f}M parameters ({model_size or cfg.model.path}), precision {precision or cfg.train.precision}"
+        print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
+              f"precision {precision or cfg.train.precision}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
         for key in ("weights", "gradients", "optimizer", "activations", "kv_cache", "reference", "critic", "peak"):
             print(f"  {key:<12} {mem[key] / GIB:10.3f} GiB")
@@ -81,15 +142,20 @@ def estimate(
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"
               f"{' (states sharded FSDP/ZeRO-3 style)' if n and n > 1 else ''}")
         tps, per_step = tokens_per_s, cfg.batch_size * cfg.rollout.max_new_tokens
+        per_step_from = f"{cfg.batch_size} completions x up to {cfg.rollout.max_new_tokens} new tokens"
         if calibrate or from_run:
-            tps, per_step = throughput_from_run(from_run or _calibrate(config, list(set_), calibrate))
-            print(f"measured: {tps:,.0f} generated tokens/s, {per_step:,.0f} tokens per step")
+            measured_in = from_run or _calibrate(config, list(set_), calibrate)
+            tps, per_step = throughput_from_run(measured_in)
+            per_step_from = (f"measured in {from_run}, that run's own workload and machine" if from_run
+                             else f"measured in {calibrate} steps of this workload here")
+            print(f"{per_step_from}: {tps:,.0f} generated tokens/s, {per_step:,.0f} tokens per step")
         if tps is None:
             print("hours and cost: pass --tokens-per-s, --calibrate N or --from-run RUN_DIR")
             return
         eff = efficiency if efficiency is not None else efficiency_for(shape.params)
         c = run_cost(steps=cfg.train.steps, tokens_per_step=per_step, tokens_per_s=tps, gpus=n or 1, price_per_gpu_hour=price, efficiency=eff)
-        print(f"{cfg.train.steps} steps: {c['hours']:.3g} h wall, {c['gpu_hours']:.3g} GPU-h, cost {c['cost']:,.2f} "
+        print(f"{cfg.train.steps} steps of the workload above x {per_step:,.0f} generated tokens per step ({per_step_from}) "
+              f"at {tps:,.0f} tokens/s: {c['hours']:.3g} h wall, {c['gpu_hours']:.3g} GPU-h, cost {c['cost']:,.2f} "
               f"(= {price:g}/GPU-h × {c['gpu_hours']:.3g} GPU-h / efficiency {eff:g})")
         if not math.isfinite(c["cost"]):
             raise ScaleRLError("cost: not finite; check --tokens-per-s")
