@@ -86,7 +86,8 @@ class RunConsole:
                                                      if rule != "phase_verdict") or "none"))
         if summary.get("time_estimate_rel_error") is not None:
             rows.append(("time estimate at 10 %", f"{summary['time_estimate_at_10pct_s']:.1f} s "
-                                                    f"({100 * summary['time_estimate_rel_error']:+.1f} % of the actual)"))
+                                                    f"({100 * summary['time_estimate_rel_error']:+.1f} % of the actual; at most "
+                                                    f"{summary['time_upper_at_10pct_s']:.1f} s had completions grown to max_new_tokens)"))
         rows.append(("run directory", summary["run_dir"]))
         for key, value in rows:
             table.add_row(key, value)

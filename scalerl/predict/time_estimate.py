@@ -1,22 +1,44 @@
-"""A live forecast of a run's total wall time from the steps, evaluations and saves measured so far.
+"""A live forecast of a run's total wall time that follows the work: per-token costs, measured in the run.
 
-    total ≈ elapsed + (steps left) · mean step interval + (evals left) · mean eval time
-                    + (saves left) · mean save time
+    total ≈ elapsed + Σ_{future steps s} [ a_r + b_r · Ŝ(s)  +  a_l + b_l · T̂(s)  +  o ]
+                    + (evals left) · mean eval time + (saves left) · mean save time
 
-The step interval is the wall time between two consecutive logged steps minus the evaluation and
-checkpoint time inside it (so logging and console overhead are included), averaged over the steps
-after the first `warmup_steps` (the first steps pay one-off costs: allocator growth, lazy kernel
-selection). Evaluations and saves left are counted from the run's schedule (`eval.every`, the final
-evaluation, `checkpoint.every`, `checkpoint.save_final`). Before any in-loop evaluation has been
-measured, the time before the first step (the step-0 evaluation of a fresh run) stands in for one;
-a save not yet measured counts as 0 s. "Total" is the time since the trainer's clock started (after
-the model is built, just before the step-0 evaluation), i.e. the summary's `wall_time_s`.
+    S  sampled positions of a step: completions × the batch's longest completion, what the sampler
+       decoded (the engine runs every row until the longest one ends, so padding costs too)
+    T  trained positions: completions × (prompt + completion width), what the learner runs forward
+       and backward, once per epoch
+    a_r + b_r·S   the step's rollout time (sample, score, filter), least squares over the steps seen
+    a_l + b_l·T   its learning time (advantages, old/ref log-probs, the epochs, publishing weights)
+    o             the rest of the interval between two logged steps (health checks, logging, console)
+
+Ŝ(s) and T̂(s) are the positions' trend: a straight line through the recent steps (the last half
+seen, at least 10), kept only when its slope is clear of the noise (|t| ≥ 3; else the recent mean),
+and clipped between one token per completion and `max_new_tokens` per completion. So a run whose
+completions grow is priced at the lengths it is heading for, not at the short ones it began with,
+and a run whose completions are steady is priced flat. `upper` prices every future step at full
+length: the most the run can take if completions grow to their cap.
+
+With too little spread in a step's positions to separate a fixed part from a per-token one (less
+than 2 %), the cost is taken as proportional to the positions (a = 0); a negative fitted part is
+dropped the same way. The first `warmup_steps` pay one-off costs (allocator growth, lazy kernel
+selection) and are not used. Evaluations and saves left are counted from the run's schedule
+(`eval.every`, the final evaluation, `checkpoint.every`, `checkpoint.save_final`); before an
+in-loop evaluation has been measured the time before the first step (the step-0 evaluation of a
+fresh run) stands in for one; a save not yet measured counts as 0 s. "Total" is the time since the
+trainer's clock started (after the model is built, just before the step-0 evaluation), i.e. the
+summary's `wall_time_s`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_TREND_POINTS = 10
+TREND_T = 3.0  # a slope is used only this many standard errors away from zero
+MIN_SPREAD = 0.02  # relative spread of positions below which a fixed part cannot be told from a per-token one
 
 
 def count_scheduled(first: int, last: int, every: int, *, include_last: bool) -> int:
@@ -29,6 +51,62 @@ def count_scheduled(first: int, last: int, every: int, *, include_last: bool) ->
     return n
 
 
+@dataclass(frozen=True)
+class StepWork:
+    """What one step did and what it took, from its metrics (scalerl/trainer/step.py)."""
+
+    step: int
+    rollout_s: float
+    learn_s: float
+    other_s: float  # the logged interval minus the step itself, evaluation and saves
+    sampled: float  # positions the sampler decoded
+    trained: float  # positions the learner ran
+    completions: float
+
+    @classmethod
+    def of(cls, step: int, metrics: dict, other_s: float) -> "StepWork":
+        return cls(step, metrics["time/rollout_s"], metrics["time/learn_s"], other_s,
+                   float(metrics["sampled_positions"]), float(metrics["trained_positions"]), float(metrics["completions"]))
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """seconds ≈ fixed + per_position · positions."""
+
+    fixed: float
+    per_position: float
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray) -> "LinearCost":
+        if x.std() <= MIN_SPREAD * max(x.mean(), 1e-12) or len(x) < 3:
+            return cls(0.0, y.mean() / max(x.mean(), 1e-12))
+        slope, intercept = np.polyfit(x, y, 1)
+        if slope < 0:
+            return cls(float(y.mean()), 0.0)
+        if intercept < 0:
+            return cls(0.0, float((x * y).sum() / (x * x).sum()))
+        return cls(float(intercept), float(slope))
+
+    def total(self, positions: np.ndarray) -> float:
+        return float(self.fixed * len(positions) + self.per_position * positions.sum())
+
+
+def trend(steps: np.ndarray, values: np.ndarray, future: np.ndarray, low: float, high: float) -> np.ndarray:
+    """`values` carried to the `future` steps: a line through the recent half of the points (at least
+    MIN_TREND_POINTS) when its slope is at least TREND_T standard errors from zero, else their mean;
+    clipped to [low, high]."""
+    keep = max(MIN_TREND_POINTS, len(steps) // 2)
+    x, y = steps[-keep:].astype(float), values[-keep:]
+    level = np.full(len(future), y.mean())
+    if len(x) >= MIN_TREND_POINTS and x.std() > 0:
+        slope, intercept = np.polyfit(x, y, 1)
+        resid = y - (slope * x + intercept)
+        se = math.sqrt(max((resid ** 2).sum() / (len(x) - 2), 0.0) / ((x - x.mean()) ** 2).sum())
+        if se == 0 and slope != 0 or se > 0 and abs(slope) >= TREND_T * se:
+            level = slope * future + intercept
+    return np.clip(level, low, max(high, low))
+
+
 @dataclass
 class TimeEstimator:
     """Feed it each step's metrics with `update`; it returns the estimated total seconds (None while warming up)."""
@@ -38,54 +116,77 @@ class TimeEstimator:
     eval_every: int = 0
     checkpoint_every: int = 0
     save_final: bool = True
+    max_new_tokens: int = 0  # per completion (all turns); 0: no cap known
     warmup_steps: int = 2
     at_fraction: float = 0.1
-    intervals: list[float] = field(default_factory=list)
+    work: list[StepWork] = field(default_factory=list)
     eval_times: list[float] = field(default_factory=list)
     save_times: list[float] = field(default_factory=list)
     pre_loop_s: float | None = None
     estimate_at_fraction: float | None = None
+    upper_at_fraction: float | None = None
     _last_elapsed: float | None = None
     _last_save_total: float = 0.0
 
-    def update(self, step: int, *, elapsed_s: float, step_time_s: float, eval_time_s: float | None = None,
-               save_time_total_s: float = 0.0) -> float | None:
-        """`elapsed_s`: seconds since the clock started, at logging time of `step`; `save_time_total_s`:
-        seconds spent saving checkpoints so far (saves happen after logging, so they land in the next gap)."""
-        eval_s = eval_time_s or 0.0
+    def update(self, step: int, metrics: dict, *, elapsed_s: float, save_time_total_s: float = 0.0) -> float | None:
+        """`metrics`: the step's (with `eval_time_s` when it evaluated); `elapsed_s`: seconds since the clock
+        started, at logging time of `step`; `save_time_total_s`: seconds spent saving checkpoints so far
+        (saves happen after logging, so they land in the next gap)."""
+        eval_s = metrics.get("eval_time_s") or 0.0
         new_save = save_time_total_s - self._last_save_total
         if new_save > 0:
             self.save_times.append(new_save)
         self._last_save_total = save_time_total_s
         if self._last_elapsed is None:
-            self.pre_loop_s = max(elapsed_s - step_time_s - eval_s, 0.0)
+            self.pre_loop_s = max(elapsed_s - metrics["step_time_s"] - eval_s, 0.0)
         elif step - self.start_step > self.warmup_steps:
-            self.intervals.append(max(elapsed_s - self._last_elapsed - eval_s - new_save, 0.0))
-        if eval_time_s is not None:
-            self.eval_times.append(eval_time_s)
+            interval = max(elapsed_s - self._last_elapsed - eval_s - new_save, 0.0)
+            self.work.append(StepWork.of(step, metrics, max(interval - metrics["step_time_s"], 0.0)))
+        if metrics.get("eval_time_s") is not None:
+            self.eval_times.append(metrics["eval_time_s"])
         self._last_elapsed = elapsed_s
         estimate = self.estimate(step, elapsed_s)
         if self.estimate_at_fraction is None and estimate is not None and \
                 step - self.start_step >= math.ceil(self.at_fraction * (self.total_steps - self.start_step)):
-            self.estimate_at_fraction = estimate
+            self.estimate_at_fraction, self.upper_at_fraction = estimate, self.estimate(step, elapsed_s, upper=True)
         return estimate
 
-    def estimate(self, step: int, elapsed_s: float) -> float | None:
-        if not self.intervals:
+    def estimate(self, step: int, elapsed_s: float, *, upper: bool = False) -> float | None:
+        """The total; `upper`: with every future step's completions at max_new_tokens (the same as the
+        estimate when no cap is known)."""
+        if not self.work:
             return None
         last = self.total_steps
+        future = np.arange(step + 1, last + 1, dtype=float)
+        steps_left = self._steps_cost(future, upper) if len(future) else 0.0
         evals_left = count_scheduled(step + 1, last, self.eval_every, include_last=True)
         saves_left = count_scheduled(step + 1, last, self.checkpoint_every, include_last=self.save_final)
         # A save scheduled at `step` itself has not happened yet when the step is logged.
         saves_left += int(self.checkpoint_every > 0 and step % self.checkpoint_every == 0 or (step == last and self.save_final))
         eval_s = _mean(self.eval_times) if self.eval_times else (self.pre_loop_s if self.start_step == 0 else 0.0) or 0.0
         save_s = _mean(self.save_times) if self.save_times else 0.0
-        return elapsed_s + (last - step) * _mean(self.intervals) + evals_left * eval_s + saves_left * save_s
+        return elapsed_s + steps_left + evals_left * eval_s + saves_left * save_s
+
+    def _steps_cost(self, future: np.ndarray, upper: bool) -> float:
+        w = self.work[-500:]  # costs from the recent steps (a machine's speed can drift over a long run)
+        steps = np.array([x.step for x in w])
+        sampled, trained = np.array([x.sampled for x in w]), np.array([x.trained for x in w])
+        completions = w[-1].completions
+        prompt = max(trained[-1] - sampled[-1], 0.0)  # the latest batch's prompt positions
+        cap = completions * self.max_new_tokens if self.max_new_tokens else math.inf
+        if upper and math.isfinite(cap):
+            s_hat, t_hat = np.full(len(future), cap), np.full(len(future), prompt + cap)
+        else:
+            s_hat = trend(steps, sampled, future, completions, cap)
+            t_hat = trend(steps, trained, future, prompt + completions, prompt + cap)
+        rollout = LinearCost.fit(sampled, np.array([x.rollout_s for x in w]))
+        learn = LinearCost.fit(trained, np.array([x.learn_s for x in w]))
+        return rollout.total(s_hat) + learn.total(t_hat) + len(future) * _mean([x.other_s for x in w])
 
     def summary(self, actual_s: float) -> dict[str, float | None]:
         """The estimate made at `at_fraction` of the run against the measured total; error = (estimate − actual) / actual."""
         est = self.estimate_at_fraction
-        return {"time_estimate_at_10pct_s": est, "time_actual_s": actual_s,
+        return {"time_estimate_at_10pct_s": est, "time_upper_at_10pct_s": self.upper_at_fraction, "time_actual_s": actual_s,
                 "time_estimate_rel_error": None if est is None else (est - actual_s) / actual_s}
 
 

@@ -153,7 +153,9 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
             state["pass_rate_before"] = evaluate(config, rollout, 0)
             health.check_pass_rate(0, state["pass_rate_before"])  # the best so far starts at the untrained model's
         state["last_pass_rate"] = console.pass_rate = state.get("last_pass_rate", state["pass_rate_before"])
-        eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final)
+        eta = TimeEstimator(config.train.steps, start_step, config.eval.every, config.checkpoint.every, config.checkpoint.save_final,
+                            # a multi-turn completion holds the environment's replies too: no cap known
+                            max_new_tokens=config.rollout.max_new_tokens if config.rollout.max_turns == 1 else 0)
         times = _steps(config, rollout, learner, run_dir, state, health, eta, logger, console, wall_start, stop)
         phase = health.finish(config.train.steps)
     finally:
@@ -213,9 +215,8 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
             metrics["eval_time_s"] = time.perf_counter() - eval_start
             eval_time += metrics["eval_time_s"]
             metrics.update(health.check_pass_rate(step, state["last_pass_rate"]))
-        elapsed = time.perf_counter() - wall_start
-        if (total_s := eta.update(step, elapsed_s=elapsed, step_time_s=metrics["step_time_s"], eval_time_s=metrics.get("eval_time_s"),
-                                  save_time_total_s=save_time)) is not None:
+        metrics["time/elapsed_s"] = elapsed = time.perf_counter() - wall_start
+        if (total_s := eta.update(step, metrics, elapsed_s=elapsed, save_time_total_s=save_time)) is not None:
             metrics["time/estimated_total_s"], metrics["time/remaining_s"] = total_s, total_s - elapsed
         logger.log(step, metrics)
         console.step(step, metrics)

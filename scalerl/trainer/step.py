@@ -17,9 +17,10 @@ from scalerl.types import ScoredBatch
 def train_step(rollout: RolloutWorker, learner: Learner, step: int) -> dict[str, Any]:
     start = time.perf_counter()
     batch = rollout.produce(step)  # sample → score → filter (scalerl/rollout/worker.py)
+    produced = time.perf_counter()
     stats = learner.learn(batch, step)  # advantages → old/ref log-probs → epochs of updates (scalerl/trainer/learner.py)
     publish_weights(rollout, learner)
-    return step_metrics(batch, stats, learner.ctx, elapsed=time.perf_counter() - start)
+    return step_metrics(batch, stats, learner.ctx, elapsed=time.perf_counter() - start, rollout_s=produced - start)
 
 
 def publish_weights(rollout: RolloutWorker, learner: Learner) -> None:
@@ -28,12 +29,16 @@ def publish_weights(rollout: RolloutWorker, learner: Learner) -> None:
     rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
 
 
-def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: float) -> dict[str, Any]:
-    """One flat dict per step; batch statistics are summed over ranks first."""
+def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: float, rollout_s: float) -> dict[str, Any]:
+    """One flat dict per step; batch statistics are summed over ranks first. `rollout_s`: the part of
+    `elapsed` spent producing the batch (the rest is learning and publishing the weights)."""
     rewards, rollout = batch.rewards, batch.rollout
+    # The work the step's cost grows with (scalerl/predict/time_estimate.py): positions the sampler
+    # decoded (completions x the longest one) and the padded prompt + completion positions the learner runs.
+    sampled, trained = rollout.completion_ids.numel(), rollout.prompt_ids.numel() + rollout.completion_ids.numel()
     sums = ctx.sum(torch.tensor([float(rewards.sum()), float(rewards.square().sum()), len(batch), batch.generated_tokens,
-                                 float(rollout.truncated.sum()), float(batch.task_rewards.sum())], dtype=torch.float64))
-    r_sum, r_sq, n, tokens, truncated, task_sum = sums.tolist()
+                                 float(rollout.truncated.sum()), float(batch.task_rewards.sum()), sampled, trained], dtype=torch.float64))
+    r_sum, r_sq, n, tokens, truncated, task_sum, sampled, trained = sums.tolist()
     mean = r_sum / n
     metrics = {
         "reward_mean": mean,
@@ -52,6 +57,11 @@ def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: f
         "tokens": int(tokens),
         "tokens_per_s": tokens / elapsed,
         "step_time_s": elapsed,
+        "time/rollout_s": rollout_s,  # sample, score, filter
+        "time/learn_s": elapsed - rollout_s,  # advantages, old/ref log-probs, the epochs, publishing the weights
+        "completions": int(n),
+        "sampled_positions": int(sampled),
+        "trained_positions": int(trained),
         "task_reward_mean": task_sum / n,  # the environment's own verdict, before fusion, caps and penalties
         "policy_version": batch.policy_version,
         "staleness": stats["staleness"],  # learner versions the batch was behind when learned (0: synchronous)

@@ -30,9 +30,16 @@ def test_scalerl_train_raises_reward_and_pass_rate(runs):
     assert [r["step"] for r in rows] == list(range(1, 61))
     assert all(REQUIRED <= r.keys() for r in rows)
     assert [r["step"] for r in rows if "eval/pass_rate" in r] == [30, 60]
+    # The work each step did, which the time estimate prices (scalerl/predict/time_estimate.py).
+    for r in rows:
+        assert r["completions"] == 8 * 8 and r["time/rollout_s"] + r["time/learn_s"] == pytest.approx(r["step_time_s"])
+        width, rem = divmod(r["sampled_positions"], r["completions"])  # completions x the longest one
+        assert rem == 0 and r["tokens"] / r["completions"] <= width <= 8 and r["trained_positions"] > r["sampled_positions"]
+    assert all(a["time/elapsed_s"] < b["time/elapsed_s"] for a, b in zip(rows, rows[1:]))
     first, last = (sum(r["reward_mean"] for r in part) / len(part) for part in (rows[:20], rows[-20:]))
     assert last > first + 0.05, (first, last)  # measured here: 0.176 -> 0.257
     summary = json.loads((run / "summary.json").read_text())
+    assert summary["time_upper_at_10pct_s"] >= summary["time_estimate_at_10pct_s"] > 0
     assert summary["pass_rate_after"] > summary["pass_rate_before"] + 0.1, summary  # measured: 0.325 -> 0.495
     folded = "".join(ch for ch in proc.stdout if not ch.isspace() and ch != "│")  # the table wraps long paths
     assert "runsummary" in folded and str(run) in folded
