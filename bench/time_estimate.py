@@ -5,9 +5,10 @@ Jobs (each the real CLI, `scalerl train`, one after another, `--threads` torch t
 
     steady     the embedded default (arithmetic, completions of a few tokens all run long)
     grows      the default plus a reward for longer answers (bench/length_reward.py:longer, weight 1, the
-               environment's at 0.2), rollout.max_new_tokens 48, lr 3e-4: completions grow from ~3.5 tokens
-               to the 48-token cap during the first tenth of the run and stay there
-    late_jump  the same reward at lr 1e-4: completions stay short past 10 % and jump to the cap later,
+               environment's at 0.2), rollout.max_new_tokens 48, lr 3e-4: completions grew from ~3.5 tokens
+               to the 48-token cap between steps 17 and 33 of 400 (seed 0, the one run tried) and stayed there
+    late_jump  the same reward at lr 1e-4: completions stayed short to step 41 of 300 (seed 0)
+               and reached the cap by step 61,
                which no estimate made at 10 % can see coming; the row shows the cap-priced upper bound and
                the step from which the live estimate stays within ±5 %
 
@@ -64,9 +65,9 @@ def train(job: str, seed: int, runs_dir: Path, threads: int) -> Path:
     return runs_dir / name
 
 
-def replay(run_dir: Path, *, flat: bool) -> tuple[float | None, list[tuple[int, float]]]:
-    """Feed the run's logged metrics through a fresh TimeEstimator with its schedule; `flat`: every step's
-    positions as the first step's. Returns (estimate at 10 %, [(step, estimate)])."""
+def per_step_replay(run_dir: Path) -> float | None:
+    """The estimate at 10 % of the per-step model this one replaced: the run's logged metrics through a fresh
+    TimeEstimator with every step's positions set to the first step's (so a step costs the mean step time)."""
     from scalerl.jsonl import read_metrics
     from scalerl.predict.time_estimate import TimeEstimator
 
@@ -75,12 +76,10 @@ def replay(run_dir: Path, *, flat: bool) -> tuple[float | None, list[tuple[int, 
     ck = config["checkpoint"]
     est = TimeEstimator(config["train"]["steps"], 0, config["eval"]["every"], ck["every"], ck["save_final"],
                         max_new_tokens=config["rollout"]["max_new_tokens"])
-    first, out = rows[0], []
+    first = {k: rows[0][k] for k in ("sampled_positions", "trained_positions")}
     for r in rows:
-        m = {**r, **({k: first[k] for k in ("sampled_positions", "trained_positions")} if flat else {})}
-        if (total := est.update(r["step"], m, elapsed_s=r["time/elapsed_s"])) is not None:
-            out.append((r["step"], total))
-    return est.estimate_at_fraction, out
+        est.update(r["step"], {**r, **first}, elapsed_s=r["time/elapsed_s"])
+    return est.estimate_at_fraction
 
 
 def analyse(job: str, run_dir: Path) -> dict:
@@ -90,7 +89,7 @@ def analyse(job: str, run_dir: Path) -> dict:
     actual = summary["time_actual_s"]
     rows = read_metrics(run_dir)
     live = [(r["step"], r["time/estimated_total_s"]) for r in rows if "time/estimated_total_s" in r]
-    per_step, _ = replay(run_dir, flat=True)
+    per_step = per_step_replay(run_dir)
     within = next((s for i, (s, _) in enumerate(live) if all(abs(e - actual) / actual <= 0.05 for _, e in live[i:])), None)
     n = len(rows)
     return {"job": job, "run": run_dir.name, "steps": n, "actual_s": actual,
@@ -112,7 +111,7 @@ def plot(results: list[dict], path: Path) -> None:
     for ax, job in zip(axes[0], jobs):
         for r in (r for r in results if r["job"] == job):
             steps, est = zip(*r["live"])
-            line, = ax.plot(steps, [e / r["actual_s"] for e in est], lw=1, label=r["run"])
+            ax.plot(steps, [e / r["actual_s"] for e in est], lw=1, label=r["run"])
             ax.axvline(r["steps"] / 10, color="grey", lw=0.6, ls=":")
         ax.axhspan(0.95, 1.05, color="green", alpha=0.12)
         ax.set(title=job, xlabel="step", ylabel="live estimate / actual total", ylim=(0, 2))
@@ -121,10 +120,10 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def table(results: list[dict], date: str) -> str:
+def table(results: list[dict], date: str, threads: int) -> str:
     lines = [f"# Time estimate at 10 % against the measured total ({date})", "",
              "`python bench/time_estimate.py --seeds 0 1 2 --save`: the real CLI, one run at a time, "
-             "2 torch threads. Per-step model: the same run replayed with every step's positions set to "
+             f"{threads} torch threads. Per-step model: the same run replayed with every step's positions set to "
              "its first step's (the mean step time), the model this one replaced.", "",
              "| run | tokens/completion, first → last 10 % | actual s | estimate at 10 % | error | upper bound | "
              "per-step model error | live estimate within ±5 % from step |", "|---|---|---|---|---|---|---|---|"]
@@ -155,7 +154,7 @@ def main() -> None:
             results.append(analyse(job, run_dir))
             print(json.dumps({k: v for k, v in results[-1].items() if k != "live"}), flush=True)
     date = datetime.date.today().isoformat()
-    md = table(results, date)
+    md = table(results, date, args.threads)
     print(md)
     if args.save:
         out = ROOT / "bench" / "results" / f"time_estimate_{date}"

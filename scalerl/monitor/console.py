@@ -85,9 +85,9 @@ class RunConsole:
             rows.append(("health events", ", ".join(f"{rule} {n}" for rule, n in summary["health_events"].items()
                                                      if rule != "phase_verdict") or "none"))
         if summary.get("time_estimate_rel_error") is not None:
-            rows.append(("time estimate at 10 %", f"{summary['time_estimate_at_10pct_s']:.1f} s "
-                                                    f"({100 * summary['time_estimate_rel_error']:+.1f} % of the actual; at most "
-                                                    f"{summary['time_upper_at_10pct_s']:.1f} s had completions grown to max_new_tokens)"))
+            est, upper = summary["time_estimate_at_10pct_s"], summary["time_upper_at_10pct_s"]
+            cap = f"; at most {upper:.1f} s had completions grown to max_new_tokens" if upper is not None and upper > est else ""
+            rows.append(("time estimate at 10 %", f"{est:.1f} s ({100 * summary['time_estimate_rel_error']:+.1f} % of the actual{cap})"))
         rows.append(("run directory", summary["run_dir"]))
         for key, value in rows:
             table.add_row(key, value)

@@ -102,7 +102,7 @@ def trend(steps: np.ndarray, values: np.ndarray, future: np.ndarray, low: float,
         slope, intercept = np.polyfit(x, y, 1)
         resid = y - (slope * x + intercept)
         se = math.sqrt(max((resid ** 2).sum() / (len(x) - 2), 0.0) / ((x - x.mean()) ** 2).sum())
-        if se == 0 and slope != 0 or se > 0 and abs(slope) >= TREND_T * se:
+        if abs(slope) >= TREND_T * se:  # (a flat line with se = 0 is the mean anyway)
             level = slope * future + intercept
     return np.clip(level, low, max(high, low))
 
