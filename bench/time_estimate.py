@@ -15,7 +15,9 @@ Jobs (each the real CLI, `scalerl train`, one after another, `--threads` torch t
 Per run: the estimate at 10 % (`time_estimate_at_10pct_s` of summary.json, from the per-token model of
 scalerl/predict/time_estimate.py), its upper bound, the actual total, and the same run replayed through
 the estimator with every step's positions set to the run's first measured step (so its cost is the mean
-step time: the per-step model this one replaced). `--save` writes
+step time: the per-step model this one replaced), and the speed drift: step seconds per position after the
+first 10 % over before it, how much the machine itself slowed down (> 1) or sped up under the same work,
+an error no forecast from the run's own measurements can avoid. `--save` writes
 bench/results/time_estimate_<date>.{json,md,png}.
 
     python bench/time_estimate.py --seeds 0 1 2 --save
@@ -82,6 +84,11 @@ def per_step_replay(run_dir: Path) -> float | None:
     return est.estimate_at_fraction
 
 
+def seconds_per_position(rows: list[dict]) -> float:
+    """Step seconds per position sampled and trained: how fast the machine did the same kind of work."""
+    return sum(r["step_time_s"] for r in rows) / sum(r["sampled_positions"] + r["trained_positions"] for r in rows)
+
+
 def analyse(job: str, run_dir: Path) -> dict:
     from scalerl.jsonl import read_metrics
 
@@ -92,12 +99,14 @@ def analyse(job: str, run_dir: Path) -> dict:
     per_step = per_step_replay(run_dir)
     within = next((s for i, (s, _) in enumerate(live) if all(abs(e - actual) / actual <= 0.05 for _, e in live[i:])), None)
     n = len(rows)
+    at = max(n // 10, 1)
     return {"job": job, "run": run_dir.name, "steps": n, "actual_s": actual,
             "estimate_at_10pct_s": summary["time_estimate_at_10pct_s"], "upper_at_10pct_s": summary["time_upper_at_10pct_s"],
             "rel_error": summary["time_estimate_rel_error"], "per_step_model_rel_error": (per_step - actual) / actual,
             "within_5pct_from_step": within,
             "tokens_first_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[: max(n // 10, 1)]),
             "tokens_last_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[-max(n // 10, 1):]),
+            "speed_drift": seconds_per_position(rows[at:]) / seconds_per_position(rows[2:at]),
             "live": live}
 
 
@@ -124,13 +133,15 @@ def table(results: list[dict], date: str, threads: int) -> str:
     lines = [f"# Time estimate at 10 % against the measured total ({date})", "",
              "`python bench/time_estimate.py --seeds 0 1 2 --save`: the real CLI, one run at a time, "
              f"{threads} torch threads. Per-step model: the same run replayed with every step's positions set to "
-             "its first step's (the mean step time), the model this one replaced.", "",
+             "its first step's (the mean step time), the model this one replaced. Speed drift: step seconds per "
+             "position (sampled + trained) after the first 10 % over before it (steps 3 on): above 1, the same work "
+             "took longer later (the machine, not the work, changed), which no estimate made at 10 % can know.", "",
              "| run | tokens/completion, first → last 10 % | actual s | estimate at 10 % | error | upper bound | "
-             "per-step model error | live estimate within ±5 % from step |", "|---|---|---|---|---|---|---|---|"]
+             "per-step model error | speed drift | live estimate within ±5 % from step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['run']} | {r['tokens_first_10pct']:.1f} → {r['tokens_last_10pct']:.1f} | {r['actual_s']:.1f} | "
                      f"{r['estimate_at_10pct_s']:.1f} | {100 * r['rel_error']:+.1f} % | {r['upper_at_10pct_s']:.1f} | "
-                     f"{100 * r['per_step_model_rel_error']:+.1f} % | {r['within_5pct_from_step']} of {r['steps']} |")
+                     f"{100 * r['per_step_model_rel_error']:+.1f} % | {r['speed_drift']:.2f} | {r['within_5pct_from_step']} of {r['steps']} |")
     return "\n".join(lines) + "\n"
 
 

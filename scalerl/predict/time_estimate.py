@@ -11,9 +11,12 @@
     a_l + b_l·T   its learning time (advantages, old/ref log-probs, the epochs, publishing weights)
     o             the rest of the interval between two logged steps (health checks, logging, console)
 
-Ŝ(s) and T̂(s) are the positions' trend: a straight line through the recent steps (the last half
-seen, at least 10), kept only when its slope is clear of the noise (|t| ≥ 3; else the recent mean),
-and clipped between one token per completion and `max_new_tokens` per completion. So a run whose
+Ŝ(s) and T̂(s) are the positions' trend over the recent steps (the last half seen, at least 20,
+at most 200; tested from 10 on): Sen's line (slope the median of the pairwise slopes, intercept the median of
+y − slope·x), kept only when the Mann–Kendall test finds a monotonic trend (|z| ≥ 3, ties
+corrected; else the recent mean), and clipped between one token per completion and
+`max_new_tokens` per completion. Both are rank-based: a lone long batch (one completion running to
+the cap) moves neither, where a least-squares line through it would be carried over every step left. So a run whose
 completions grow is priced at the lengths it is heading for, not at the short ones it began with,
 and a run whose completions are steady is priced flat. `upper` prices every future step at full
 length: the most the run can take if completions grow to their cap.
@@ -36,8 +39,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MIN_TREND_POINTS = 10
-TREND_T = 3.0  # a slope is used only this many standard errors away from zero
+MIN_TREND_POINTS = 10  # fewer points: the mean
+TREND_WINDOW = (20, 200)  # the trend looks at the last half of the steps seen, within these bounds (pairs cost O(n²))
+TREND_Z = 3.0  # a trend is used only when the Mann–Kendall z is this far from zero
 MIN_SPREAD = 0.02  # relative spread of positions below which a fixed part cannot be told from a per-token one
 
 
@@ -92,19 +96,28 @@ class LinearCost:
 
 
 def trend(steps: np.ndarray, values: np.ndarray, future: np.ndarray, low: float, high: float) -> np.ndarray:
-    """`values` carried to the `future` steps: a line through the recent half of the points (at least
-    MIN_TREND_POINTS) when its slope is at least TREND_T standard errors from zero, else their mean;
+    """`values` carried to the `future` steps: Sen's line through the recent half of the points (within
+    TREND_WINDOW) when there are MIN_TREND_POINTS and the Mann–Kendall z is at least TREND_Z, else their mean;
     clipped to [low, high]."""
-    keep = max(MIN_TREND_POINTS, len(steps) // 2)
+    keep = min(max(TREND_WINDOW[0], len(steps) // 2), TREND_WINDOW[1])
     x, y = steps[-keep:].astype(float), values[-keep:]
     level = np.full(len(future), y.mean())
-    if len(x) >= MIN_TREND_POINTS and x.std() > 0:
-        slope, intercept = np.polyfit(x, y, 1)
-        resid = y - (slope * x + intercept)
-        se = math.sqrt(max((resid ** 2).sum() / (len(x) - 2), 0.0) / ((x - x.mean()) ** 2).sum())
-        if abs(slope) >= TREND_T * se:  # (a flat line with se = 0 is the mean anyway)
-            level = slope * future + intercept
+    if len(x) >= MIN_TREND_POINTS and abs(mann_kendall_z(y)) >= TREND_Z:
+        i, j = np.triu_indices(len(x), 1)
+        slope = float(np.median((y[j] - y[i]) / (x[j] - x[i])))
+        level = slope * future + float(np.median(y - slope * x))
     return np.clip(level, low, max(high, low))
+
+
+def mann_kendall_z(y: np.ndarray) -> float:
+    """The Mann–Kendall statistic of a series in time order, S = Σ_{i<j} sign(y_j − y_i), as a z-score:
+    var S = [n(n−1)(2n+5) − Σ_ties t(t−1)(2t+5)] / 18, z = (S − sign S) / √var S (0 when var S = 0)."""
+    n = len(y)
+    i, j = np.triu_indices(n, 1)
+    s = float(np.sign(y[j] - y[i]).sum())
+    _, t = np.unique(y, return_counts=True)
+    var = (n * (n - 1) * (2 * n + 5) - float((t * (t - 1) * (2 * t + 5)).sum())) / 18
+    return 0.0 if var <= 0 else (s - np.sign(s)) / math.sqrt(var)
 
 
 @dataclass

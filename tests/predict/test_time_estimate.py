@@ -3,7 +3,7 @@ completions that stay put, grow, or grow into their cap, evaluations and checkpo
 
 import numpy as np
 
-from scalerl.predict.time_estimate import LinearCost, TimeEstimator, count_scheduled, trend
+from scalerl.predict.time_estimate import LinearCost, TimeEstimator, count_scheduled, mann_kendall_z, trend
 
 N, PROMPT = 64, 8  # completions per step, prompt width
 ROLLOUT, LEARN, OTHER = (0.05, 1e-4), (0.02, 2e-4), 0.01  # fixed s + s per position; the rest of the interval
@@ -96,6 +96,26 @@ def test_steady_noisy_lengths_give_no_spurious_trend():
     _, actual = simulate(est, widths.__getitem__)
     assert abs(est.estimate_at_fraction - actual) / actual < 0.02
     assert est.upper_at_fraction > 1.5 * actual  # at 32 wide every step would cost far more
+
+
+def test_a_lone_long_batch_does_not_move_the_estimate():
+    # The widths of a real steady run (bench/time_estimate.py, steady_seed0, steps 20-45): 4 or 5 tokens, a few
+    # 6s and one batch 8 wide at step 44. A least-squares line through the last 20 steps finds a slope in that
+    # last point (t > 3) and carries it over the 956 steps left; the rank-based trend keeps the recent mean.
+    tail = [4, 4, 4, 6, 4, 5, 5, 4, 4, 5, 4, 4, 4, 5, 4, 5, 4, 5, 5, 4, 5, 6, 6, 5, 8]
+    widths = {s: tail[s - 20] if 20 <= s < 20 + len(tail) else 4 + s % 2 for s in range(1, 1001)}
+    est = TimeEstimator(1000, 0, max_new_tokens=32)
+    estimates, actual = simulate(est, widths.__getitem__)
+    assert abs(estimates[43] - estimates[42]) / estimates[42] < 0.02
+    assert abs(estimates[43] - actual) / actual < 0.03
+
+
+def test_mann_kendall_z():
+    assert mann_kendall_z(np.arange(10.0)) > 3.5            # S = 45, var = 125: z = 44 / 11.2
+    assert mann_kendall_z(np.full(10, 2.0)) == 0.0          # all ties: no trend, no division by zero
+    assert abs(mann_kendall_z(np.array([1.0, 3, 2, 4, 3, 5, 4, 6, 5, 7]))) < 4
+    y = np.array([4.0, 5, 4, 4, 5, 4, 5, 5, 4, 16])
+    assert abs(mann_kendall_z(y)) < 3                      # one high last point is no trend
 
 
 def test_fixed_and_per_position_costs_are_separated():
