@@ -104,8 +104,8 @@ def analyse(job: str, run_dir: Path) -> dict:
             "estimate_at_10pct_s": summary["time_estimate_at_10pct_s"], "upper_at_10pct_s": summary["time_upper_at_10pct_s"],
             "rel_error": summary["time_estimate_rel_error"], "per_step_model_rel_error": (per_step - actual) / actual,
             "within_5pct_from_step": within,
-            "tokens_first_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[: max(n // 10, 1)]),
-            "tokens_last_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[-max(n // 10, 1):]),
+            "tokens_first_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[:at]),
+            "tokens_last_10pct": statistics.mean(r["tokens"] / r["completions"] for r in rows[-at:]),
             "speed_drift": seconds_per_position(rows[at:]) / seconds_per_position(rows[2:at]),
             "live": live}
 

@@ -12,13 +12,13 @@
     o             the rest of the interval between two logged steps (health checks, logging, console)
 
 Ŝ(s) and T̂(s) are the positions' trend over the recent steps (the last half seen, at least 20,
-at most 200; tested from 10 on): Sen's line (slope the median of the pairwise slopes, intercept the median of
-y − slope·x), kept only when the Mann–Kendall test finds a monotonic trend (|z| ≥ 3, ties
-corrected; else the recent mean), and clipped between one token per completion and
+at most 200; tested from 10 on): Sen's line (slope the median of the pairwise slopes, intercept
+the median of y − slope·x), kept only when the Mann–Kendall test finds a monotonic trend (|z| ≥ 3,
+ties corrected; else the recent mean), and clipped between one token per completion and
 `max_new_tokens` per completion. Both are rank-based: a lone long batch (one completion running to
-the cap) moves neither, where a least-squares line through it would be carried over every step left. So a run whose
-completions grow is priced at the lengths it is heading for, not at the short ones it began with,
-and a run whose completions are steady is priced flat. `upper` prices every future step at full
+the cap) moves neither, where a least-squares line through it would be carried over every step
+left. So a run whose completions grow is priced at the lengths it is heading for, not at the short
+ones it began with, and a run whose completions are steady is priced flat. `upper` prices every future step at full
 length: the most the run can take if completions grow to their cap.
 
 With too little spread in a step's positions to separate a fixed part from a per-token one (less

@@ -99,7 +99,7 @@ def test_steady_noisy_lengths_give_no_spurious_trend():
 
 
 def test_a_lone_long_batch_does_not_move_the_estimate():
-    # The widths of a real steady run (bench/time_estimate.py, steady_seed0, steps 20-45): 4 or 5 tokens, a few
+    # The widths of a real steady run (bench/time_estimate.py, steady_seed0, steps 20-44): 4 or 5 tokens, a few
     # 6s and one batch 8 wide at step 44. A least-squares line through the last 20 steps finds a slope in that
     # last point (t > 3) and carries it over the 956 steps left; the rank-based trend keeps the recent mean.
     tail = [4, 4, 4, 6, 4, 5, 5, 4, 4, 5, 4, 4, 4, 5, 4, 5, 4, 5, 5, 4, 5, 6, 6, 5, 8]
@@ -111,11 +111,13 @@ def test_a_lone_long_batch_does_not_move_the_estimate():
 
 
 def test_mann_kendall_z():
-    assert mann_kendall_z(np.arange(10.0)) > 3.5            # S = 45, var = 125: z = 44 / 11.2
+    # 0..9 rising: S = 45, var S = 10·9·25 / 18 = 125, z = (45 − 1) / √125; falling: the same, negative.
+    assert abs(mann_kendall_z(np.arange(10.0)) - 44 / 125 ** 0.5) < 1e-12
+    assert abs(mann_kendall_z(np.arange(10.0)[::-1]) + 44 / 125 ** 0.5) < 1e-12
+    # 1 1 2 2: S = 4, two ties of 2: var S = (4·3·13 − 2·2·1·9) / 18 = 120 / 18, z = 3 / √(120/18).
+    assert abs(mann_kendall_z(np.array([1.0, 1, 2, 2])) - 3 / (120 / 18) ** 0.5) < 1e-12
     assert mann_kendall_z(np.full(10, 2.0)) == 0.0          # all ties: no trend, no division by zero
-    assert abs(mann_kendall_z(np.array([1.0, 3, 2, 4, 3, 5, 4, 6, 5, 7]))) < 4
-    y = np.array([4.0, 5, 4, 4, 5, 4, 5, 5, 4, 16])
-    assert abs(mann_kendall_z(y)) < 3                      # one high last point is no trend
+    assert abs(mann_kendall_z(np.array([4.0, 5, 4, 4, 5, 4, 5, 5, 4, 16]))) < 3  # one high last point is no trend
 
 
 def test_fixed_and_per_position_costs_are_separated():
