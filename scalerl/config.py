@@ -253,8 +253,24 @@ class TrainConfig(_Section):
     micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds the run (torch, Python, the prompt order, the samplers).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's choice.")
-    precision: Literal["fp32", "bf16", "fp8"] = Field("fp32", description="bf16 autocast works on CPU and GPU; fp8 needs an H100-class GPU.")
     device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class PrecisionConfig(_Section):
+    """Memory and precision modes (the table in scalerl/plan.py's PrecisionPolicy)."""
+
+    mode: Literal["fp32", "standard", "aggressive", "compressed"] = Field(
+        "fp32", description="fp32; standard: bf16 compute, fp32 master weights; aggressive: fp8 matmuls, bf16 weights and moments; "
+                            "compressed: bf16 weights, 8-bit AdamW moments (needs bitsandbytes).")
+    fp8: Literal["auto", "torchao", "simulated"] = Field(
+        "auto", description="aggressive's fp8 matmuls: torchao float8 training (H100-class GPU), or simulated (quantise/dequantise on "
+                            "any device: the numerics and memory, not the speed); auto: torchao, refused where it cannot run.")
+    error_feedback: bool = Field(True, description="bf16 weights: carry each update's rounding error into the next update.")
+    reference_8bit: bool = Field(False, description="compressed: keep the frozen reference model's linear weights in int8.")
+
+
+# The older spelling `train.precision` of precision.mode.
+LEGACY_PRECISION = {"fp32": "fp32", "bf16": "standard", "fp8": "aggressive"}
 
 
 class EvalConfig(_Section):
@@ -439,6 +455,7 @@ class Config(_Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -458,6 +475,21 @@ class Config(_Section):
                     raise ValueError(f"{top} and reward.{key} are the same setting; give only one")
                 reward[key] = data.pop(top)
         return {**data, "reward": reward}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_precision(cls, data: Any) -> Any:
+        """`train.precision: fp32 | bf16 | fp8` (older configs and runs) is precision.mode fp32 | standard | aggressive."""
+        if not isinstance(data, dict) or not isinstance(data.get("train"), dict) or "precision" not in data["train"]:
+            return data
+        train = dict(data["train"])
+        old = train.pop("precision")
+        if old not in LEGACY_PRECISION:
+            raise ValueError(f"train.precision={old!r}: use precision.mode (fp32, standard, aggressive or compressed)")
+        precision = dict(data.get("precision") or {})
+        if precision.setdefault("mode", LEGACY_PRECISION[old]) != LEGACY_PRECISION[old]:
+            raise ValueError(f"train.precision={old} and precision.mode={precision['mode']} disagree; give only precision.mode")
+        return {**data, "train": train, "precision": precision}
 
     @model_validator(mode="before")
     @classmethod
@@ -485,7 +517,9 @@ class Config(_Section):
         self._plan = batch_plan(prompts=self.rollout.prompts_per_step, group_size=self.rollout.group_size,
                                 mini_batch_size=self.train.mini_batch_size, micro_batch_size=self.train.micro_batch_size,
                                 epochs=self.train.epochs, steps=self.train.steps)
-        self._precision = precision_policy(self.train.precision, fp32_lm_head=self.model.fp32_lm_head)
+        pr = self.precision
+        self._precision = precision_policy(pr.mode, fp8=pr.fp8, error_feedback=pr.error_feedback, reference_8bit=pr.reference_8bit,
+                                           fp32_lm_head=self.model.fp32_lm_head)
         return self
 
     @model_validator(mode="after")
@@ -507,7 +541,8 @@ class Config(_Section):
         return self._plan
 
     @property
-    def precision(self) -> PrecisionPolicy:
+    def precision_policy(self) -> PrecisionPolicy:
+        """What weights, states and matmuls are stored and run in (scalerl/plan.py)."""
         return self._precision
 
     @property

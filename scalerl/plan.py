@@ -65,20 +65,50 @@ def batch_plan(*, prompts: int, group_size: int, mini_batch_size: int | None, mi
                      micro_batch_size=micro, epochs=epochs, steps=steps)
 
 
+MODES = ("fp32", "standard", "aggressive", "compressed")
+
+
 @dataclass(frozen=True)
 class PrecisionPolicy:
-    """Which dtype the matrix multiplies run in and what stays float32.
+    """What the weights, gradients, optimizer states and matrix multiplies are stored and run in.
 
-    fp32: everything float32. bf16: float32 master weights and optimizer states, forward and
-    backward under bfloat16 autocast (CPU and GPU). fp8: needs an H100-class GPU (refused elsewhere
-    at setup). `fp32_lm_head`: log-probs from float32 logits whatever the compute dtype.
+    | mode | weights (= grads) | AdamW moments | matmuls | weight-update rounding | reference |
+    |---|---|---|---|---|---|
+    | fp32 | fp32 | fp32 | fp32 | - | fp32 |
+    | standard | fp32 master | fp32 | bf16 autocast | - | fp32 |
+    | aggressive | bf16 | bf16 | fp8 (torchao on H100-class GPUs, else simulated) | error feedback | bf16 |
+    | compressed | bf16 | 8-bit block-wise | bf16 | error feedback | bf16, or int8 with reference_8bit |
+
+    Error feedback: bf16 weights would drop the part of each update below half an ulp; the dropped
+    rounding error is kept (8-bit block-wise) and added to the next update (scalerl/precision/adamw.py).
+    `fp32_lm_head`: log-probs from a float32 LM-head matmul and softmax whatever the compute dtype.
     """
 
     mode: str
     autocast_dtype: str | None  # a torch dtype name, e.g. "bfloat16"; None: no autocast
+    weights_dtype: str  # "float32" (master weights) or "bfloat16"
+    moments: str  # AdamW's two moments: "float32", "bfloat16" or "8bit"
+    fp8: str | None  # aggressive's backend: "auto" (torchao where it runs), "torchao" or "simulated"; None: no fp8
+    error_feedback: bool
+    reference_8bit: bool
     fp32_lm_head: bool
 
+    @property
+    def fused_adamw(self) -> bool:
+        """torch's own AdamW does the job: float32 weights and moments."""
+        return self.weights_dtype == "float32" and self.moments == "float32"
 
-def precision_policy(mode: str, *, fp32_lm_head: bool) -> PrecisionPolicy:
-    autocast = {"fp32": None, "bf16": "bfloat16", "fp8": "bfloat16"}[mode]
-    return PrecisionPolicy(mode=mode, autocast_dtype=autocast, fp32_lm_head=fp32_lm_head)
+
+def precision_policy(mode: str, *, fp8: str = "auto", error_feedback: bool = True, reference_8bit: bool = False,
+                     fp32_lm_head: bool = True) -> PrecisionPolicy:
+    """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known)."""
+    if mode not in MODES:
+        raise ValueError(f"precision.mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if reference_8bit and mode != "compressed":
+        raise ValueError(f"precision.reference_8bit applies to precision.mode=compressed (not {mode})")
+    low = mode in ("aggressive", "compressed")
+    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode == "fp32" else "bfloat16",
+                           weights_dtype="bfloat16" if low else "float32",
+                           moments={"aggressive": "bfloat16", "compressed": "8bit"}.get(mode, "float32"),
+                           fp8=fp8 if mode == "aggressive" else None, error_feedback=error_feedback and low,
+                           reference_8bit=reference_8bit, fp32_lm_head=fp32_lm_head)

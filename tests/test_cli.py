@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from conftest import ROOT, run_cli
@@ -94,9 +95,10 @@ def test_python_m_train_runs_on_cpu_with_hardware_flags_falling_back(runs):
     assert "attn_implementation: flash_attention_2  # ran as sdpa" in (runs / "legacy" / "config.yaml").read_text()
 
 
-def test_fp8_fails_clearly_on_cpu(runs):
-    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", "train.precision=fp8", "--set", f"log.run_dir={runs}", "--steps", "1")
-    _one_line_error(proc, "train.precision=fp8", "H100", "bf16")
+@pytest.mark.parametrize("setting", ["precision.mode=aggressive", "train.precision=fp8"])  # the second: the older spelling
+def test_fp8_fails_clearly_on_cpu(runs, setting):
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--set", setting, "--set", f"log.run_dir={runs}", "--steps", "1")
+    _one_line_error(proc, "precision.mode=aggressive", "H100", "precision.fp8=simulated", "precision.mode=standard")
 
 
 def test_a_plugin_environment_trains_through_the_cli(runs):

@@ -94,7 +94,7 @@ def estimate(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="The run's YAML overrides (model, batch shape, precision)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one key of the run's config (repeatable)."),
     model_size: Optional[str] = typer.Option(None, "--model-size", help="7b, 13b or 70b: a Llama-2 shape instead of the config's model."),
-    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, bf16 or fp8 (default: the config's train.precision)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, standard, aggressive or compressed (default: the config's precision.mode)."),
     optim_8bit: bool = typer.Option(False, "--optim-8bit", help="8-bit AdamW states (1 byte per moment)."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: the longest of the environment's first 256 prompts)."),
     gpu_mem_gb: float = typer.Option(80.0, "--gpu-mem-gb", help="Memory of one GPU, GB."),
@@ -112,6 +112,7 @@ def estimate(
         from scalerl.predict.cost import efficiency_for, run_cost, throughput_from_run
         from scalerl.predict.memory import (
             GIB,
+            LEGACY_NAMES,
             MODEL_PRESETS,
             estimate_memory,
             gpus_needed,
@@ -128,16 +129,18 @@ def estimate(
         prompt_from = "--prompt-len" if prompt_len is not None else f"the longest of {cfg.env.name}'s first 256 training prompts in {cfg.model.tokenizer or cfg.model.path}'s tokenizer"
         for line in describe_workload(cfg, workload_sources(config, list(set_)), prompt_tokens, prompt_from):
             print(line)
-        mem = estimate_memory(shape, precision=precision or cfg.train.precision, optim_8bit=optim_8bit, micro_batch=micro,
-                              prompt_len=prompt_tokens,
+        mode = LEGACY_NAMES.get(precision, precision) if precision else cfg.precision.mode  # bf16, fp8: the older names
+        mem = estimate_memory(shape, precision=mode, optim_8bit=optim_8bit, micro_batch=micro,
+                              prompt_len=prompt_tokens, reference_8bit=cfg.precision.reference_8bit,
                               completion_len=cfg.rollout.max_new_tokens, rollout_sequences=cfg.batch_size,
                               reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                               checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
-              f"precision {precision or cfg.train.precision}"
+              f"precision {mode}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
-        for key in ("weights", "gradients", "optimizer", "activations", "kv_cache", "reference", "critic", "peak"):
-            print(f"  {key:<12} {mem[key] / GIB:10.3f} GiB")
+        for key in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "activations", "kv_cache", "reference",
+                    "critic", "peak"):
+            print(f"  {key:<14} {mem[key] / GIB:10.3f} GiB")
         n = gpus_needed(mem, gpu_mem_gb)
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"
               f"{' (states sharded FSDP/ZeRO-3 style)' if n and n > 1 else ''}")

@@ -1,14 +1,19 @@
 """Memory of an RL training job per component, before launch, from the model's shape alone (no torch).
 
-Bytes per parameter or element by precision mode (this project's implementation of each mode):
+Bytes per parameter or element by precision mode (`precision.mode`, scalerl/plan.py):
 
-| mode | weights | grads | AdamW (2 moments) | activations | KV cache | reference |
-|---|---|---|---|---|---|---|
-| fp32 | 4 | 4 | 8 (8-bit states: 2) | 4 | 4 | 4 |
-| bf16 (autocast, fp32 master) | 4 + 2 (bf16 working copy) | 4 | 8 (2) | 2 | 2 | 4 |
-| fp8 (bf16 master, fp8 compute) | 2 + 1 (fp8 copy) | 2 | 8 (2) | 1 | 2 | 2 |
+| mode | weights | grads | AdamW (2 moments) | error feedback | activations | KV cache | reference |
+|---|---|---|---|---|---|---|---|
+| fp32 | 4 | 4 | 8 | - | 4 | 4 | 4 |
+| standard (bf16 autocast, fp32 master) | 4 (+ 2: autocast's bf16 copy, transient) | 4 | 8 | - | 2 | 4 | 4 |
+| aggressive (fp8 matmuls, bf16 master) | 2 | 2 | 4 | 1 + s | 2 | 2 | 2 |
+| compressed (bf16, 8-bit moments) | 2 | 2 | 2 + 2s | 1 + s | 2 | 2 | 2, or 1 + per-row scale (reference_8bit) |
 
-8-bit optimizer states: one byte per moment (block-wise scales, ~1 %, ignored).
+s: the 8-bit states' block-wise scales, one float32 per 256 values of each tensor (4·⌈n/256⌉ bytes per
+tensor of n values). `--optim-8bit` gives any mode 8-bit moments. The state bytes are counted tensor by
+tensor, as the trainer holds them (tests/precision compare them with a real learner's, byte for byte).
+Aggressive's fp8 matmuls keep their saved inputs in fp8 but the rest of a layer's saved tensors in
+bf16: 2 bytes per element is the upper bound used.
 
 Activations (saved for backward, per micro-batch): tokens × layers × per-layer elements × bytes, where
 the per-layer elements per token of a Llama decoder layer with SDPA attention are counted tensor by
@@ -57,6 +62,14 @@ class ModelShape:
         head = 0 if self.tie_embeddings else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * layer + self.hidden + head
 
+    def tensors(self) -> list[tuple[int, ...]]:
+        """The parameter tensors' shapes in the order of a Llama's named_parameters: the embedding first,
+        per layer q, k, v, o, gate, up, down and the two norms, the final norm, the LM head unless tied."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.intermediate
+        layer = [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i), (h,), (h,)]
+        return [(self.vocab, h), *layer * self.layers, (h,), *([] if self.tie_embeddings else [(self.vocab, h)])]
+
     @classmethod
     def from_hf_config(cls, cfg: dict, source: str = "config.json") -> "ModelShape":
         try:
@@ -79,19 +92,49 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 
 @dataclass(frozen=True)
 class Precision:
-    weights: float
-    grads: float
-    optimizer: float
+    weights: float  # per element of a trainable weight (and of its gradient)
+    moments: str  # "float32", "bfloat16" or "8bit"
+    error_feedback: bool
     activations: float
     kv: float
-    reference: float
+    reference: float  # per element of the frozen reference's weights
+    working_copy: float = 0.0  # autocast's transient low-precision copy of the weights
 
 
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision(weights=4, grads=4, optimizer=8, activations=4, kv=4, reference=4),
-    "bf16": Precision(weights=6, grads=4, optimizer=8, activations=2, kv=2, reference=4),
-    "fp8": Precision(weights=3, grads=2, optimizer=8, activations=1, kv=2, reference=2),
+    "fp32": Precision(weights=4, moments="float32", error_feedback=False, activations=4, kv=4, reference=4),
+    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=4, reference=4, working_copy=2),
+    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2),
+    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2),
 }
+LEGACY_NAMES = {"bf16": "standard", "fp8": "aggressive"}  # the older train.precision spelling
+BLOCK = 256  # values per float32 scale of an 8-bit state (scalerl/precision/adamw.py)
+
+
+def quantized_bytes(n: int) -> int:
+    """One 8-bit block-wise state of a tensor of n values: its codes and its float32 scales."""
+    return n + 4 * math.ceil(n / BLOCK)
+
+
+def state_bytes(tensors: list[tuple[int, ...]], precision: Precision, *, optim_8bit: bool = False) -> dict[str, int]:
+    """Bytes of the trainable weights, their gradients, AdamW's moments and the error-feedback buffers, for
+    parameter tensors of the given shapes (torch's fused AdamW also keeps a 4-byte step per tensor, not counted)."""
+    sizes = [math.prod(t) for t in tensors]
+    n = sum(sizes)
+    moments = "8bit" if optim_8bit else precision.moments
+    optimizer = {"float32": 8 * n, "bfloat16": 4 * n, "8bit": sum(2 * quantized_bytes(k) for k in sizes)}[moments]
+    error = sum(quantized_bytes(k) for k in sizes) if precision.error_feedback else 0
+    return {"weights": int(n * precision.weights), "gradients": int(n * precision.weights), "optimizer": optimizer, "error_feedback": error}
+
+
+def reference_bytes(tensors: list[tuple[int, ...]], precision: Precision, *, int8: bool = False, head: tuple[int, ...] | None = None) -> int:
+    """The frozen reference: every weight at the mode's width, or with `int8` each linear layer (2-D tensor,
+    the embedding and the LM head `head` excepted) as int8 codes plus a float32 scale per row."""
+    total = 0
+    for i, t in enumerate(tensors):
+        linear = int8 and len(t) == 2 and i > 0 and t != head
+        total += t[0] * t[1] + 4 * t[0] if linear else int(math.prod(t) * precision.reference)
+    return total
 
 
 def shape_of_model_path(path: str) -> ModelShape:
@@ -115,27 +158,29 @@ def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = Fa
 
 def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: bool = False, micro_batch: int,
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
-                    critic: str | None = None, checkpointing: bool = False, entropy: bool = False) -> dict[str, float]:
+                    reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
+                    entropy: bool = False) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak."""
+    precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
-    p, n = PRECISIONS[precision], shape.params
+    p, n, tensors = PRECISIONS[precision], shape.params, shape.tensors()
     seq = prompt_len + completion_len
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)  # fp32 LM head
-    out = {
+    head = None if shape.tie_embeddings else tensors[-1]
+    out: dict[str, float] = {
         "params": float(n),
-        "weights": n * p.weights,
-        "gradients": n * p.grads,
-        "optimizer": n * (2.0 if optim_8bit else p.optimizer),
+        **state_bytes(tensors, p, optim_8bit=optim_8bit),
+        "working_copy": n * p.working_copy,
         "activations": micro_batch * seq * activation_elements_per_token(shape, checkpointing=checkpointing) * p.activations + logits,
         "kv_cache": float(shape.layers * 2 * shape.kv_heads * shape.head_dim * rollout_sequences * seq * p.kv),
-        "reference": n * p.reference if reference else 0.0,
+        "reference": reference_bytes(tensors, p, int8=reference_8bit, head=head) if reference else 0.0,
         "critic": 0.0,
     }
     if critic == "separate":  # a value model from the policy's backbone: its own weights, grads, states, activations
-        body = n - (0 if shape.tie_embeddings else shape.vocab * shape.hidden)
-        out["critic"] = body * (p.weights + p.grads + (2.0 if optim_8bit else p.optimizer)) + out["activations"] - logits
-    out["states"] = out["weights"] + out["gradients"] + out["optimizer"] + out["reference"] + out["critic"]
+        body = tensors[:-1] if head else tensors
+        out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
+    out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "reference", "critic"))
     out["peak"] = out["states"] + max(out["activations"], out["kv_cache"])
     return out
 

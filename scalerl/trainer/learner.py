@@ -31,6 +31,7 @@ from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.distributed.context import DistContext
 from scalerl.models.logprobs import completion_forward
 from scalerl.plan import BatchPlan, PrecisionPolicy
+from scalerl.precision.apply import component_bytes, expected_bytes
 from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
 from scalerl.trainer.optim import lr_factor
 from scalerl.types import Rollout, ScoredBatch
@@ -259,6 +260,12 @@ class Learner:
             self.critic.load_state_dict(snap.critic)
         self.optimizer.load_state_dict(snap.optimizer)
         self.state.version += 1
+
+    def component_bytes(self, expected: bool = False) -> dict[str, int]:
+        """Bytes of the weights, gradients, optimizer moments, error feedback and reference held now; with
+        `expected`, the optimizer's as they will be once allocated (they appear at the first update)."""
+        parts = component_bytes(self.reference, self.optimizer)
+        return {**parts, **expected_bytes(self.optimizer, self.precision)} if expected else parts
 
     def state_dict(self) -> dict[str, Any]:
         return {**asdict(self.state), "kl_controller": self.kl_ctl.state_dict()}

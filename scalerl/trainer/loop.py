@@ -22,6 +22,7 @@ from scalerl.models.loading import load_model, load_tokenizer
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
+from scalerl.precision.apply import check_precision, describe, prepare_policy, weights_dtype
 from scalerl.predict.time_estimate import TimeEstimator
 from scalerl.resume_config import record_resumed_config
 from scalerl.rewards.sources import env_has_verifier
@@ -32,10 +33,8 @@ from scalerl.trainer.learner import Learner
 from scalerl.trainer.recovery import HealthGuard
 from scalerl.trainer.setup import (
     build_learner,
-    build_reference,
     build_rollout,
     check_offload,
-    check_precision,
     check_run_dir,
     prepare_run_dir,
     seed_everything,
@@ -46,7 +45,7 @@ from scalerl.trainer.signals import GracefulStop, Stopped
 from scalerl.trainer.step import publish_weights, train_step
 from scalerl.types import SamplingParams, derive_seed
 
-__all__ = ["build_reference", "build_roles", "train", "train_step"]
+__all__ = ["build_roles", "train", "train_step"]
 
 
 def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> tuple[RolloutWorker, Learner, Path]:
@@ -54,10 +53,11 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     run_dir = check_run_dir(config, resume, overwrite)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
-    check_precision(config.train.precision, ctx.device)
+    check_precision(config.precision_policy, ctx.device)
     check_offload(config, ctx.device)
     tokenizer = load_tokenizer(config.model)
-    policy = load_model(config.model, ctx.device)
+    policy = load_model(config.model, ctx.device, weights_dtype(config.precision_policy))
+    prepare_policy(policy, config.precision_policy, ctx.device)
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
@@ -143,6 +143,7 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
                             sinks=build_sinks(config, run_dir))
               if ctx.is_main else NullLogger())
     console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start_step)
+    console.print(describe(learner.precision, learner.policy, learner.component_bytes(expected=True)))
     if resume:
         console.print(f"resumed from step {start_step} in {run_dir}")
     health = HealthGuard(config.health, rollout, learner, run_dir, console.print, resume_after=start_step if resume else None,

@@ -7,14 +7,17 @@ import math
 import torch
 
 from scalerl.config import OptimConfig
+from scalerl.plan import PrecisionPolicy
+from scalerl.precision.apply import build_adamw
 
 
-def build_optimizer(groups: list[tuple[torch.nn.Module, float]], config: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over (module, lr) groups (the policy, and a critic with its own lr); the fused kernel
-    where the device has one (CPU and CUDA in current torch)."""
+def build_optimizer(groups: list[tuple[torch.nn.Module, float]], config: OptimConfig, precision: PrecisionPolicy,
+                    device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over (module, lr) groups (the policy, and a critic with its own lr): torch's fused kernel for
+    float32 weights and moments, the precision mode's CompactAdamW otherwise (scalerl/precision/adamw.py)."""
     param_groups = [{"params": [p for p in module.parameters() if p.requires_grad], "lr": lr} for module, lr in groups]
-    return torch.optim.AdamW(param_groups, lr=config.lr, betas=config.betas, eps=config.eps,
-                             weight_decay=config.weight_decay, fused=device.type in {"cpu", "cuda"})
+    return build_adamw(param_groups, precision, lr=config.lr, betas=config.betas, eps=config.eps,
+                       weight_decay=config.weight_decay, device=device)
 
 
 def lr_factor(step: int, total: int, config: OptimConfig) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import random
@@ -20,6 +19,7 @@ from scalerl.distributed.context import DistContext
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import attention_choice, attention_used
+from scalerl.precision.apply import build_reference, weights_dtype
 from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
@@ -36,18 +36,6 @@ log = logging.getLogger(__name__)
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-def check_precision(precision: str, device: torch.device) -> None:
-    """A clear error when `train.precision` cannot run on this device."""
-    match precision:
-        case "fp32" | "bf16":
-            return
-        case "fp8":
-            if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
-                raise ScaleRLError("train.precision=fp8 needs an H100-class CUDA GPU (compute capability >= 8.9); use bf16 or fp32 here")
-            raise ScaleRLError("train.precision=fp8 is not available yet (planned with the memory-modes work); use bf16")
-    raise ScaleRLError(f"train.precision: unknown mode {precision!r}")
 
 
 def check_offload(config: Config, device: torch.device) -> None:
@@ -123,14 +111,6 @@ def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: boo
         ctx.barrier()
 
 
-def build_reference(policy: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the initial policy (only built when the KL term or KL tracking needs it)."""
-    reference = copy.deepcopy(policy).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    return reference
-
-
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
@@ -156,29 +136,31 @@ def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: to
 
 
 def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """PPO's critic: a separate value model from the same checkpoint, or a value head on the policy."""
+    """PPO's critic: a separate value model from the same checkpoint, or a value head on the policy; its
+    weights in the precision mode's dtype, as the policy's."""
     from scalerl.models.value import ValueHead, ValueModel
 
+    dtype = weights_dtype(config.precision_policy)
     if config.algorithm.critic == "head":
-        return ValueHead(policy.config.hidden_size).to(device)
-    return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device).train()
+        return ValueHead(policy.config.hidden_size).to(device, dtype)
+    return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device, dtype).train()
 
 
 def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> Learner:
     """Reference, critic, optimizer and β controller around the policy; a learner of version 0."""
     algo = config.algorithm
     # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
-    reference = build_reference(policy) if algo.kl.needs_reference else None
+    reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))
-    optimizer = build_optimizer(groups, config.optim, ctx.device)
+    optimizer = build_optimizer(groups, config.optim, config.precision_policy, ctx.device)
     kl = algo.kl
     kl_ctl = KLController(schedule=kl.schedule, beta=kl.beta, total_steps=config.train.steps, target_kl=kl.target_kl,
                           horizon=kl.horizon, beta_min=kl.beta_min, beta_target=kl.beta_target)
     return Learner(policy=policy, reference=reference, critic=critic, value_head=algo.name == "ppo" and algo.critic == "head",
-                   optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision, algo=algo, optim=config.optim,
+                   optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision_policy, algo=algo, optim=config.optim,
                    objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
                    temperature=config.rollout.temperature, ctx=ctx)
 

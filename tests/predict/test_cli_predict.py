@@ -48,7 +48,10 @@ def test_estimate_7b():
     out = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--precision", "bf16", "--prompt-len", "256",
                   "--set", "train.micro_batch_size=4", "--tokens-per-s", "2000")
     assert out.returncode == 0, out.stderr
-    # weights 6.738e9 × 6 B = 37.65 GiB; efficiency 0.85 for 7B
-    assert "weights          37.654 GiB" in out.stdout and "efficiency 0.85" in out.stdout
+    # bf16 is the older name of standard: fp32 master weights 6.738e9 × 4 B = 25.10 GiB and autocast's bf16 copy
+    # × 2 B = 12.55 GiB; efficiency 0.85 for 7B
+    n = 6_738_415_616
+    assert f"weights        {n * 4 / 2**30:10.3f} GiB" in out.stdout and f"working_copy   {n * 2 / 2**30:10.3f} GiB" in out.stdout
+    assert "precision standard" in out.stdout and "efficiency 0.85" in out.stdout
     bad = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "5b")
     assert bad.returncode == 2 and "--model-size" in bad.stderr

@@ -1,5 +1,7 @@
 """Memory arithmetic on small shapes, worked out by hand."""
 
+import math
+
 import pytest
 
 from scalerl.errors import ScaleRLError
@@ -29,8 +31,20 @@ def test_components_small_shape():
     # KV: 2 layers × 2 × 1 kv head × 4 × (4 sequences × 8 tokens) × 4 B = 2048
     assert m["kv_cache"] == 2048
     assert m["peak"] == 1352 * 20 + 19424
-    m8 = estimate_memory(s, precision="bf16", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
-    assert m8["optimizer"] == 1352 * 2 and m8["weights"] == 1352 * 6 and m8["activations"] == 2 * 8 * 296 * 2 + 480
+    assert m["error_feedback"] == m["working_copy"] == 0
+    m8 = estimate_memory(s, precision="standard", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
+    # 8-bit moments: 2 bytes per value plus two float32 scales per 256-value block of each tensor; the tensors
+    # (embed 80, per layer 64 + 32 + 32 + 64 + 128·3 + 8 + 8, final norm 8, head 80) hold at most 256 values
+    # each, so one block each: 1 + 9·2 + 1 + 1 = 21 tensors, 21 blocks → 2 × (1352 + 4·21)
+    assert len(s.tensors()) == 21 and sum(math.prod(t) for t in s.tensors()) == 1352
+    assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == 1352 * 2
+    assert m8["activations"] == 2 * 8 * 296 * 2 + 480
+    c = estimate_memory(s, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4,
+                        reference=True, reference_8bit=True)
+    assert c["weights"] == c["gradients"] == 1352 * 2 and c["error_feedback"] == 1352 + 4 * 21
+    # int8 reference: the 14 linear weights (all but embed and head: 2·(64+32+32+64+128·3) = 1152 values, 2·(8+4+4+8+16+16+8)
+    # = 128 rows) at 1 byte + 4 per row; the embedding, head and norms (200 values) at 2 bytes
+    assert c["reference"] == 1152 + 4 * 128 + 2 * 200
 
 
 def test_gpus_and_cost():

@@ -61,7 +61,7 @@ def _build(runs, name, **extra):
 
 
 def test_beta_zero_never_builds_or_runs_a_reference_model(runs, monkeypatch):
-    def forbidden(_policy):
+    def forbidden(*_args):
         raise AssertionError("the reference model must not be built when beta = 0")
 
     monkeypatch.setattr(setup, "build_reference", forbidden)
@@ -156,8 +156,9 @@ def test_on_policy_is_derived_from_versions_not_assumed(runs, monkeypatch):
     assert rollout.produce(3).policy_version == 2
 
 
-def _matmul_dtypes(fn):
-    """The dtypes of every matrix multiply that runs inside fn(), as the kernels saw them (after autocast)."""
+def _matmul_dtypes(fn, vocab: int):
+    """{(dtype, is the LM head)} of every matrix multiply that runs inside fn(), as the kernels saw them
+    (after autocast); the LM head's are those whose output has `vocab` columns (forward) or rows/columns (backward)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     seen = set()
@@ -166,22 +167,32 @@ def _matmul_dtypes(fn):
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
             if func in mm:
-                seen.add(args[0].dtype)
-            return func(*args, **(kwargs or {}))
+                tensors = [a for a in args if isinstance(a, torch.Tensor)] + [out]
+                seen.add((args[-1].dtype if func == torch.ops.aten.addmm.default else args[0].dtype,
+                          any(vocab in t.shape[-2:] for t in tensors)))
+            return out
 
     with Record():
         fn()
     return seen
 
 
-@pytest.mark.parametrize("precision, dtypes", [("bf16", {torch.bfloat16}), ("fp32", {torch.float32})])
-def test_precision_policy_sets_the_dtype_the_matmuls_run_in(runs, precision, dtypes):
-    rollout, learner = _build(runs, f"dtype-{precision}", **{"train.precision": precision})
+@pytest.mark.parametrize("mode, fp32_head, expected", [
+    ("standard", True, {(torch.bfloat16, False), (torch.float32, True)}),  # bf16 everywhere but the FP32 LM head
+    ("standard", False, {(torch.bfloat16, False), (torch.bfloat16, True)}),
+    ("compressed", True, {(torch.bfloat16, False), (torch.float32, True)}),
+    ("fp32", True, {(torch.float32, False), (torch.float32, True)}),
+])
+def test_precision_policy_sets_the_dtype_the_matmuls_run_in(runs, mode, fp32_head, expected):
+    """Fails if a bf16 mode silently computes in fp32, or if the FP32 LM head is only a cast after a bf16 matmul."""
+    rollout, learner = _build(runs, f"dtype-{mode}-{fp32_head}", **{"precision.mode": mode, "model.fp32_lm_head": fp32_head})
     batch = rollout.produce(1)
-    seen = _matmul_dtypes(lambda: learner.learn(batch, 1))
-    assert seen == dtypes, seen  # every forward and backward matmul of the update
-    assert all(p.dtype == torch.float32 for p in learner.policy.parameters())  # fp32 master weights
+    vocab = learner.policy.config.vocab_size
+    assert _matmul_dtypes(lambda: learner.learn(batch, 1), vocab) == expected  # every forward and backward matmul of the update
+    master = torch.bfloat16 if mode == "compressed" else torch.float32
+    assert all(p.dtype == master for p in learner.policy.parameters())
     assert torch.isfinite(torch.tensor(learner.lr())) and learner.state.updates == 1
 
 
@@ -221,6 +232,9 @@ def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
 
 def test_setup_rejects_fp8_without_an_h100():
     from scalerl.errors import ScaleRLError
+    from scalerl.plan import precision_policy
+    from scalerl.precision.apply import check_precision
 
-    with pytest.raises(ScaleRLError, match="fp8"):
-        setup.check_precision("fp8", torch.device("cpu"))
+    with pytest.raises(ScaleRLError, match="H100-class"):
+        check_precision(precision_policy("aggressive", fp8="auto"), torch.device("cpu"))
+    check_precision(precision_policy("aggressive", fp8="simulated"), torch.device("cpu"))  # the CPU path is allowed

@@ -1,0 +1,1 @@
+"""Precision modes: FP8 matmuls, low-bit optimizer states, an 8-bit frozen reference."""
