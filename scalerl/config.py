@@ -252,7 +252,7 @@ class TrainConfig(_Section):
     mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")
     micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds the run (torch, Python, the prompt order, the samplers).")
-    threads: int | None = Field(None, ge=1, description="torch CPU threads; default: torch's choice.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads, fixed; default: torch's choice, lowered between steps to the cores other processes leave free and raised back when they finish (scalerl/trainer/core_share.py).")
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 

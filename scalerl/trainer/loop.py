@@ -28,6 +28,7 @@ from scalerl.resume_config import record_resumed_config
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.trainer import checkpoint as ckpt
+from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.evaluation import pass_rate
 from scalerl.trainer.learner import Learner
 from scalerl.trainer.recovery import HealthGuard
@@ -193,6 +194,7 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
     """step → health → evaluate → log → checkpoint, from the state's step to the last; returns the time totals.
     A stop request (a signal) is honoured between steps: checkpoint the last finished step, raise `Stopped`."""
     start_step = saved = state["step"]
+    share = CoreShare() if config.train.threads is None else None  # threads unset: leave other processes their cores
     train_time, train_tokens = state.get("train_time_s", 0.0), state.get("train_tokens", 0)
     loop_start, eval_time, save_time = time.perf_counter(), 0.0, 0.0
 
@@ -206,12 +208,16 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
             if saved != step - 1:
                 checkpoint(step - 1)
             raise Stopped(signum, step - 1, str(run_dir / "checkpoints" / f"step_{step - 1:07d}") if step > 1 else None)
+        threads = share.update() if share is not None else torch.get_num_threads()
         metrics = train_step(rollout, learner, step)
+        metrics["threads"] = threads
         train_time += metrics["step_time_s"]
         train_tokens += metrics["tokens"]
         metrics.update(health.check(step, metrics))  # events and responses (scalerl/trainer/recovery.py)
         if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
             eval_start = time.perf_counter()
+            if share is not None:
+                share.update()
             state["last_pass_rate"] = metrics["eval/pass_rate"] = evaluate(config, rollout, step)
             metrics["eval_time_s"] = time.perf_counter() - eval_start
             eval_time += metrics["eval_time_s"]
