@@ -57,10 +57,17 @@ class RolloutConfig(_Section):
     prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per training step (per process).")
     group_size: int = Field(8, ge=1, description="Completions per prompt (the GRPO group).")
     max_new_tokens: int = Field(8, ge=1, description="Longest completion, in tokens; longer ones are truncated.")
+    min_new_tokens: int = Field(0, ge=0, description="EOS cannot be sampled before this many new tokens (TRL's min_new_tokens, vLLM's min_tokens); the sampler's log-probs are of the distribution without it.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (also applied to the training log-probs).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps the full distribution.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
     max_turns: int = Field(1, ge=1, description="Policy turns per episode for a multi-turn environment (one with a step method); max_new_tokens bounds each turn.")
+
+    @model_validator(mode="after")
+    def _check_min_tokens(self) -> "RolloutConfig":
+        if self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens ({self.max_new_tokens})")
+        return self
 
 
 class KLConfig(_Section):

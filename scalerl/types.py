@@ -66,6 +66,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     n: int = 1  # completions per prompt
+    min_new_tokens: int = 0  # EOS is masked out of the first min_new_tokens tokens' distributions
 
 
 def derive_seed(*parts: int | str) -> int:

@@ -19,7 +19,7 @@ class CompletionForward:
 
 def completion_forward(
     model: torch.nn.Module, batch: Rollout, *, temperature: float = 1.0, fp32_head: bool = True,
-    with_entropy: bool = False, with_hidden: bool = False,
+    with_entropy: bool = False, with_hidden: bool = False, share_prompts: bool = True,
 ) -> CompletionForward:
     """One forward pass over prompt + completion, keeping only what predicts the completion.
 
@@ -29,12 +29,28 @@ def completion_forward(
     autocast or with low-precision weights the decoder's last hidden state goes through a float32
     copy of the head outside autocast. Only the T + 1 last positions get logits: the prompt's own
     next-token predictions are never needed.
+
+    With `share_prompts`, rows that repeat the row before them's prompt (a GRPO group) run that prompt
+    once: the decoder runs the distinct prompts with a KV cache, the cache is indexed out to every row
+    (gradients flow back through the index, summing over the group), and the completions run on it.
+    Exact up to float rounding; it saves (n − 1)/n of the prompt positions' forward and backward.
+    Models with gradient checkpointing (no cache in training) or soft-capped logits take the full path.
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, P+T)
     mask = batch.attention_mask()  # (B, P+T); a multi-turn episode's observations are context too
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     T = batch.completion_ids.shape[1]
-    if fp32_head and _head_not_fp32(model, ids.device.type):
+    if share_prompts and (groups := prompt_groups(batch)) is not None and _can_share(model):
+        last = _shared_prompt_hidden(model, batch, mask, positions, groups)  # (B, T, H)
+        head = model.get_output_embeddings()
+        if fp32_head and head_not_fp32(model, ids.device.type):
+            with torch.autocast(ids.device.type, enabled=False):
+                logits = F.linear(last.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+        else:
+            logits = head(last)
+            logits = logits.float() if fp32_head else logits
+        hidden = last if with_hidden else None
+    elif fp32_head and head_not_fp32(model, ids.device.type):
         out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         last = out.last_hidden_state[:, -(T + 1):-1]  # (B, T, H) after the final norm
         head = model.get_output_embeddings()
@@ -54,7 +70,44 @@ def completion_forward(
     return CompletionForward(logprobs, entropy, hidden)
 
 
-def _head_not_fp32(model: torch.nn.Module, device_type: str) -> bool:
+def prompt_groups(batch: Rollout) -> torch.Tensor | None:
+    """(B,) index of each row's prompt among the batch's runs of identical consecutive prompts (row i
+    repeats row i−1's prompt and mask), or None when no row repeats the one before it."""
+    ids, mask = batch.prompt_ids, batch.prompt_mask
+    if len(ids) < 2:
+        return None
+    repeats = (ids[1:] == ids[:-1]).all(1) & (mask[1:] == mask[:-1]).all(1)  # (B−1,)
+    if not bool(repeats.any()):
+        return None
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=ids.device), ~repeats])
+    return starts.long().cumsum(0) - 1
+
+
+def _can_share(model: torch.nn.Module) -> bool:
+    # transformers 5.x renamed is_gradient_checkpointing (which now warns) to is_activation_checkpointing
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
+    return (model.get_output_embeddings() is not None and not getattr(model.config, "final_logit_softcapping", None)
+            and not getattr(model, name, False))
+
+
+def _shared_prompt_hidden(model: torch.nn.Module, batch: Rollout, mask: torch.Tensor, positions: torch.Tensor,
+                          groups: torch.Tensor) -> torch.Tensor:
+    """(B, T, H) final hidden states at the positions that predict each completion token, with each
+    distinct prompt run once (see `completion_forward`)."""
+    decoder, P = model.get_decoder(), batch.prompt_ids.shape[1]
+    first = torch.cat([torch.zeros(1, dtype=torch.long, device=groups.device), (groups[1:] != groups[:-1]).nonzero().squeeze(1) + 1])
+    prompt = decoder(input_ids=batch.prompt_ids[first], attention_mask=batch.prompt_mask[first], position_ids=positions[first, :P],
+                     use_cache=True)
+    cache_name = "cache" if hasattr(prompt, "cache") else "past_key_values"  # transformers 5.x renamed it
+    cache = getattr(prompt, cache_name)
+    cache.batch_select_indices(groups)  # (U, ...) → (B, ...), differentiable
+    rest = decoder(input_ids=batch.completion_ids, attention_mask=mask, position_ids=positions[:, P:], use_cache=True,
+                   **{cache_name: cache})
+    # position P−1 (the prompt's last) predicts completion token 0; P−1+t predicts token t
+    return torch.cat([prompt.last_hidden_state[groups, -1:], rest.last_hidden_state[:, :-1]], dim=1)
+
+
+def head_not_fp32(model: torch.nn.Module, device_type: str) -> bool:
     """Whether the model's own LM head would multiply in less than float32 (autocast, or bf16/fp16 weights).
     Models that post-process their logits (Gemma's soft-capping) keep their own head: the cast comes after it."""
     head = model.get_output_embeddings()

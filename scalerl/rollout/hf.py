@@ -14,11 +14,14 @@ batched `searchsorted`; the cost is one small generator call per prompt per `sam
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from typing import Mapping, Sequence
+from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 
+from scalerl.models.logprobs import head_not_fp32
 from scalerl.types import Rollout, SamplingParams
 
 
@@ -65,8 +68,13 @@ class HFSampler:
     """Samples from a Hugging Face causal LM: the training model itself (weights shared, `sync_weights(None, v)`)
     or a copy that receives state dicts."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, device: torch.device,
+                 autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True):
+        """`autocast`: the learner's compute precision (a context factory, e.g. bf16 autocast), so that
+        sampling runs in it too; `fp32_head`: the LM head's matmul and the softmax in float32 whatever
+        the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`)."""
         self.model, self.pad_id, self.eos_id, self.device = model, pad_id, eos_id, device
+        self.autocast, self.fp32_head = autocast or contextlib.nullcontext, fp32_head
         self._version = 0
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -101,23 +109,60 @@ class HFSampler:
         ids, mask = ids.to(self.device), mask.to(self.device)
         was_training = self.model.training
         self.model.eval()
+        try:
+            with self.autocast():  # one context for the whole loop: autocast casts each weight once
+                completion, logps, finished = self._decode(ids, mask, params, None if greedy else uniforms)
+        finally:
+            self.model.train(was_training)
+        ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+        # A token is part of the completion if no EOS came strictly before it.
+        is_eos = (completion == self.eos_id).long()
+        completion_mask = ((is_eos.cumsum(1) - is_eos) == 0).long()  # (B, T)
+        return Rollout(
+            prompt_ids=ids,
+            prompt_mask=mask,
+            completion_ids=completion,
+            completion_mask=completion_mask,
+            sampler_logprobs=logps * completion_mask,
+            truncated=~finished,
+            group_ids=torch.arange(len(prompt_ids), device=self.device).repeat_interleave(n),
+        )
 
+    def _next_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past) -> tuple[object, torch.Tensor]:
+        """(cache, (B, V) float32 logits of the last position). With `fp32_head` and a head that would run in
+        less than float32, the decoder's last hidden state goes through a float32 head outside autocast."""
+        cache = {self._cache_arg: past} if past is not None else {}
+        if self.fp32_head and head_not_fp32(self.model, ids.device.type):
+            out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
+            head = self.model.get_output_embeddings()
+            with torch.autocast(ids.device.type, enabled=False):
+                logits = F.linear(out.last_hidden_state[:, -1].float(), head.weight.float(),
+                                  None if head.bias is None else head.bias.float())
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
+            logits = out.logits[:, -1].float()
+        return getattr(out, self._cache_arg), logits
+
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
+                uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(completion (B, T), sampler log-probs (B, T), finished (B,)) for the (P, L) left-padded prompts."""
+        n = params.n
         # Prefill each prompt once, then copy its KV cache to its n samples: the prompt forward
         # costs a factor n less, and every row still samples independently.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L); left padding shifts positions
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        past, logits = getattr(out, self._cache_arg), out.logits[:, -1]  # (P, V)
+        past, logits = self._next_logits(ids, mask, positions, None)  # (P, V)
         if n > 1:
             past.batch_repeat_interleave(n)
-            ids, mask, positions, logits = (x.repeat_interleave(n, dim=0) for x in (ids, mask, positions, logits))
-        B = ids.shape[0]
+            mask, positions, logits = (x.repeat_interleave(n, dim=0) for x in (mask, positions, logits))
+        B = logits.shape[0]
         next_pos = positions[:, -1:] + 1  # (B, 1)
         attn = mask
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps = [], []
         for step in range(params.max_new_tokens):
-            logits = logits.float()
-            if greedy:
+            if step < params.min_new_tokens:
+                logits[:, self.eos_id] = float("-inf")
+            if uniforms is None:  # greedy
                 token = logits.argmax(-1)  # (B,)
                 logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
             else:
@@ -131,22 +176,6 @@ class HFSampler:
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
-            out = self.model(input_ids=token[:, None], attention_mask=attn, position_ids=next_pos,
-                             use_cache=True, **{self._cache_arg: past})
-            past, logits = getattr(out, self._cache_arg), out.logits[:, -1]
+            past, logits = self._next_logits(token[:, None], attn, next_pos, past)
             next_pos = next_pos + 1
-        self.model.train(was_training)
-
-        completion = torch.stack(tokens, dim=1)  # (B, T)
-        # A token is part of the completion if no EOS came strictly before it.
-        is_eos = (completion == self.eos_id).long()
-        completion_mask = ((is_eos.cumsum(1) - is_eos) == 0).long()  # (B, T)
-        return Rollout(
-            prompt_ids=ids,
-            prompt_mask=mask,
-            completion_ids=completion,
-            completion_mask=completion_mask,
-            sampler_logprobs=torch.stack(logps, dim=1) * completion_mask,
-            truncated=~finished,
-            group_ids=torch.arange(len(prompt_ids), device=self.device).repeat_interleave(params.n),
-        )
+        return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

@@ -117,13 +117,14 @@ def set_threads(threads: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device) -> Sampler:
-    """The rollout engine named by `rollout.engine`."""
+def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None) -> Sampler:
+    """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling shares."""
     match config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
 
-            return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=device)
+            return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=device,
+                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head)
         case "vllm":
             if device.type != "cuda":
                 raise ScaleRLError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on this machine")
@@ -166,15 +167,16 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast) -> RolloutWorker:
-    """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for policy embeddings)."""
+    """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy embeddings)."""
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast)
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=autocast,
                                     ctx=ctx, run_dir=run_dir)
     ro, algo = config.rollout, config.algorithm
-    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size)
+    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
+                            min_new_tokens=ro.min_new_tokens)
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
                          seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf")

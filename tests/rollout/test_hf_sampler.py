@@ -63,3 +63,20 @@ def test_sync_weights_shares_or_loads_strictly():
     with pytest.raises(RuntimeError, match="lm_head.weight"):
         sampler.sync_weights(partial, 4)  # strict: a state dict missing a weight is an error, not a half-update
     assert sampler.version == 3
+
+
+def test_min_new_tokens_matches_generate_and_keeps_eos_out_of_the_first_tokens():
+    tokenizer, model, sampler, ids = _setup()
+    eos = tokenizer.eos_token_id
+    ours = sampler.sample(ids, SamplingParams(max_new_tokens=6, temperature=0.0, min_new_tokens=4))
+    enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    ref = model.generate(**enc, do_sample=False, max_new_tokens=6, min_new_tokens=4,
+                         pad_token_id=tokenizer.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    for mine, theirs, mask in zip(ours.completion_ids.tolist(), ref.tolist(), ours.completion_mask.tolist()):
+        n = sum(mask)
+        assert n >= 4 and mine[:n] == theirs[:n]
+    # the trained model answers in 2-3 tokens + EOS: with the floor, no completion ends before 4, sampled either
+    sampled = sampler.sample(ids * 8, SamplingParams(max_new_tokens=6, temperature=1.0, min_new_tokens=4), list(range(32)))
+    assert (sampled.completion_ids[:, :4] != eos).all() and (sampled.completion_mask.sum(1) >= 4).all()
+    free = sampler.sample(ids * 8, SamplingParams(max_new_tokens=6, temperature=1.0), list(range(32)))
+    assert (free.completion_mask.sum(1) < 4).any()  # without it some do

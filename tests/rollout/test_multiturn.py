@@ -181,14 +181,14 @@ def test_loss_gradient_is_zero_on_logits_that_predict_observations(runs):
 
     def keep(_module, _inputs, logits):
         logits.retain_grad()
-        captured["logits"] = logits  # (B, T+1, V): column t predicts completion token t
+        captured["logits"] = logits  # (B, T+1, V), or (B, T, V) with the prompts shared: column t predicts completion token t
 
     handle = learner.policy.lm_head.register_forward_hook(keep)
     targets = learner.targets(scored, beta=0.0, need_old=False)
     tokens = float(batch.completion_mask.sum())
     learner.micro_step(batch, targets, slice(0, len(batch)), 0.0, tokens, tokens)
     handle.remove()
-    grad = captured["logits"].grad[:, :-1].abs().sum(-1)  # (B, T)
+    grad = captured["logits"].grad[:, :batch.completion_ids.shape[1]].abs().sum(-1)  # (B, T)
     observed = (batch.completion_attention_mask - batch.completion_mask).bool()
     assert observed.any()
     assert (grad[observed] == 0).all() and (grad[batch.completion_attention_mask == 0] == 0).all()

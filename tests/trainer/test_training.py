@@ -191,6 +191,7 @@ def test_precision_policy_sets_the_dtype_the_matmuls_run_in(runs, mode, fp32_hea
     batch = rollout.produce(1)
     vocab = learner.policy.config.vocab_size
     assert _matmul_dtypes(lambda: learner.learn(batch, 1), vocab) == expected  # every forward and backward matmul of the update
+    assert _matmul_dtypes(lambda: rollout.produce(2), vocab) == expected  # sampling runs in the same precision, head included
     master = torch.bfloat16 if mode == "compressed" else torch.float32
     assert all(p.dtype == master for p in learner.policy.parameters())
     assert torch.isfinite(torch.tensor(learner.lr())) and learner.state.updates == 1
