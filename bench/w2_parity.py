@@ -1,0 +1,78 @@
+"""W2 (compute-bound) side by side: TRL's trl_grpo_w2.py and bench/scalerl_w2.py, alternating.
+
+    bash bench/setup_trl.sh                 # once: .bench/trl-venv with TRL's exact versions
+    python bench/w2_parity.py --runs 3 --extra-runs 1 --save
+
+Per round: TRL fp32, ScaleRL precision.mode=standard (its bf16), then (for the first --extra-runs
+rounds) TRL --bf16 and ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
+TRL's best configuration, and the fraction of the bf16 matmul peak that each run measured itself;
+`--save` writes bench/results/w2_parity_<date>.{json,md}. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from trl_parity import ROOT, last_json
+
+CONFIGS = {  # name: (framework, arguments)
+    "trl fp32": ("trl", []),
+    "scalerl standard": ("scalerl", ["--mode", "standard"]),
+    "trl bf16": ("trl", ["--bf16"]),
+    "scalerl fp32": ("scalerl", ["--mode", "fp32"]),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=3, help="rounds of TRL fp32 and ScaleRL standard")
+    ap.add_argument("--extra-runs", type=int, default=1, help="rounds that also run TRL bf16 and ScaleRL fp32")
+    ap.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "bench")
+    ap.add_argument("--trl-python", type=Path, default=ROOT / ".bench" / "trl-venv" / "bin" / "python")
+    ap.add_argument("--save", action="store_true")
+    args = ap.parse_args()
+    if not args.trl_python.exists():
+        sys.exit(f"{args.trl_python} not found: run `bash bench/setup_trl.sh` first")
+    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    for r in range(args.runs):
+        for i, (name, (framework, extra)) in enumerate(CONFIGS.items()):
+            if i >= 2 and r >= args.extra_runs:
+                continue
+            cmd = ([str(args.trl_python), "trl_grpo_w2.py", "--no-probe", *extra] if framework == "trl"
+                   else [sys.executable, str(ROOT / "bench" / "scalerl_w2.py"), "--tiny-task", str(args.reference), *extra])
+            row = last_json(cmd, args.reference if framework == "trl" else ROOT, None)
+            peak = max(row["matmul_2048_gflops"]["before"]["bf16"]["median"], row["matmul_2048_gflops"]["after"]["bf16"]["median"]) \
+                if framework == "trl" else row["bf16_matmul_peak_gflops"]
+            row["fraction_of_bf16_peak"] = round(row["achieved_gflops"] / peak, 3)
+            results[name].append(row)
+            print(json.dumps({"config": name, **{k: row[k] for k in ("seconds_per_step", "generated_tokens_per_second",
+                                                                    "achieved_gflops", "fraction_of_bf16_peak")}}), flush=True)
+    keys = ("seconds_per_step", "generated_tokens_per_second", "achieved_gflops", "fraction_of_bf16_peak", "peak_rss_mb")
+    medians = {name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items() if rows}
+    best_trl = max((n for n in medians if n.startswith("trl")), key=lambda n: medians[n]["generated_tokens_per_second"])
+    lines = ["| config | runs | s/step | tokens/s | × TRL's best | GFLOP/s | of bf16 peak | peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    for name, m in medians.items():
+        ratio = m["generated_tokens_per_second"] / medians[best_trl]["generated_tokens_per_second"]
+        lines.append(f"| {name} | {len(results[name])} | {m['seconds_per_step']:.2f} | {m['generated_tokens_per_second']:.0f} | {ratio:.2f} | "
+                     f"{m['achieved_gflops']:.0f} | {m['fraction_of_bf16_peak']:.3f} | {m['peak_rss_mb']:.0f} |")
+    split = results["scalerl standard"][-1]
+    lines.append(f"\nScaleRL standard, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
+                 f"{split['split_seconds']}, {split['split_gflops']}, {split['split_fraction_of_its_dtype_peak']}")
+    print("\n".join(lines))
+    if args.save:
+        date = datetime.date.today().isoformat()
+        cmd = "python bench/w2_parity.py " + " ".join(sys.argv[1:])
+        out = ROOT / "bench" / "results"
+        (out / f"w2_parity_{date}.json").write_text(json.dumps({"date": date, "command": cmd, "best_trl": best_trl,
+                                                                "medians": medians, "runs": results}, indent=1))
+        (out / f"w2_parity_{date}.md").write_text(f"# W2 side by side, {date}\n\n`{cmd}` (2 threads, alone on the machine, "
+                                                  "alternating; medians)\n\n" + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
