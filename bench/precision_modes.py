@@ -8,7 +8,7 @@ written to a temporary folder; each mode runs in its own process (`--one MODE`):
 rarely stop early), 2 threads. Reported per mode: the state tensors' bytes (weights, gradients,
 moments, error feedback, reference; `Learner.component_bytes`), the process's peak RSS above its RSS
 before the model was loaded (states + activations + allocator slack), and the median step time.
-Ratios are against fp32 in the same run.
+Ratios are against fp32 in the same run; the last two rows add `model.gradient_checkpointing`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from datetime import date
 from pathlib import Path
 
 MODES = [("fp32", []), ("standard", []), ("compressed", ["precision.reference_8bit=true"]),
-         ("aggressive", ["precision.fp8=simulated"])]
+         ("aggressive", ["precision.fp8=simulated"]), ("fp32", ["model.gradient_checkpointing=true"]),
+         ("compressed", ["precision.reference_8bit=true", "model.gradient_checkpointing=true"])]
 
 
 def rss_mib() -> float:
