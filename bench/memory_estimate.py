@@ -12,6 +12,10 @@ the second step weights, gradients, AdamW states and one micro-batch's activatio
   This also holds transients the estimate does not model (gradients of activations during backward,
   matmul workspaces, allocator slack), so it is compared with the estimated peak W + G + O + A.
 
+Each precision mode (`--modes`, default fp32 standard compressed) runs as the trainer runs it: the
+mode's weight dtype, its AdamW (`scalerl.precision.apply.build_adamw`: fused fp32, or 8-bit moments with
+error feedback), bf16 autocast with the FP32 LM head; `optimizer` then includes the error feedback.
+
     python bench/memory_estimate.py --save
 """
 
@@ -35,7 +39,8 @@ MICRO, PROMPT, COMPLETION = 8, 96, 32
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 
 
-def measure(name: str) -> dict:
+def measure(name: str, mode: str) -> dict:
+    import contextlib
     import resource
 
     import psutil
@@ -43,6 +48,8 @@ def measure(name: str) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scalerl.models.logprobs import completion_forward
+    from scalerl.plan import precision_policy
+    from scalerl.precision.apply import build_adamw, component_bytes, weights_dtype
     from scalerl.types import Rollout
 
     torch.set_num_threads(1)
@@ -50,15 +57,26 @@ def measure(name: str) -> dict:
     torch.manual_seed(0)
     cfg = LlamaConfig(**CONFIGS[name], head_dim=CONFIGS[name]["hidden_size"] // CONFIGS[name]["num_attention_heads"],
                       max_position_embeddings=256, tie_word_embeddings=False, attn_implementation="sdpa")
-    model = LlamaForCausalLM(cfg).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    policy = precision_policy(mode)
+    model = LlamaForCausalLM(cfg).to(weights_dtype(policy)).train()
+    opt = build_adamw([{"params": list(model.parameters())}], policy, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                      device=torch.device("cpu"))
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if policy.autocast_dtype else contextlib.nullcontext
     param_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # the working copy, not activations: under autocast with fp32 weights the saved bf16 casts of the weights;
+    # with bf16 weights the FP32 head's float32 copy of the head weight
+    if policy.weights_dtype == "float32":
+        copy_dtype, copy_sizes = torch.bfloat16, ({p.numel() * 2 for p in model.parameters() if p.dim() == 2}
+                                                  if policy.autocast_dtype else set())
+    else:
+        copy_dtype, copy_sizes = torch.float32, {model.get_output_embeddings().weight.numel() * 4}
     saved: dict[int, int] = {}
+    copies: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
+        ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
         if ptr not in param_ptrs:
-            saved[ptr] = t.untyped_storage().nbytes()
+            (copies if t.dtype == copy_dtype and nbytes in copy_sizes else saved)[ptr] = nbytes
         return t
 
     def batch() -> Rollout:
@@ -73,58 +91,66 @@ def measure(name: str) -> dict:
     for step in range(2):
         for micro in range(2):
             if step == 0 and micro == 0:
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    out = completion_forward(model, batch())
-                activations = sum(saved.values())
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast():
+                    out = completion_forward(model, batch(), fp32_head=policy.fp32_lm_head)
+                activations, working_copy = sum(saved.values()), sum(copies.values())
             else:
-                out = completion_forward(model, batch())
-            loss = -(out.logprobs * torch.randn(MICRO, 1)).mean() / 2
+                with autocast():
+                    out = completion_forward(model, batch(), fp32_head=policy.fp32_lm_head)
+            loss = -(out.logprobs.float() * torch.randn(MICRO, 1)).mean() / 2
             loss.backward()
         grads = sum(p.grad.nbytes for p in model.parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
     weights = sum(p.nbytes for p in model.parameters())
-    optim = sum(v.nbytes for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    parts = component_bytes(None, opt)
+    optim = parts["optimizer"] + parts["error_feedback"]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
-    return {"weights": weights, "gradients": grads, "optimizer": optim, "activations": activations, "peak_rss_growth": peak,
+    return {"weights": weights, "gradients": grads, "optimizer": optim, "working_copy": working_copy, "activations": activations,
+            "peak_rss_growth": peak,
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def compare(name: str, measured: dict) -> dict:
+def compare(name: str, mode: str, measured: dict) -> dict:
     from scalerl.predict.memory import ModelShape, estimate_memory
 
     c = CONFIGS[name]
     shape = ModelShape.from_hf_config({**c, "head_dim": c["hidden_size"] // c["num_attention_heads"]})
-    est = estimate_memory(shape, precision="fp32", micro_batch=MICRO, prompt_len=PROMPT, completion_len=COMPLETION, rollout_sequences=MICRO)
-    est_peak = est["weights"] + est["gradients"] + est["optimizer"] + est["activations"]
+    est = estimate_memory(shape, precision=mode, micro_batch=MICRO, prompt_len=PROMPT, completion_len=COMPLETION, rollout_sequences=MICRO)
+    est["optimizer"] += est["error_feedback"]
+    est_peak = est["weights"] + est["gradients"] + est["optimizer"] + est["working_copy"] + max(est["activations"], est["optimizer_step"])
     rows = {k: {"estimate_mb": est[k] / 2**20, "measured_mb": measured[k] / 2**20, "rel_error": est[k] / measured[k] - 1}
-            for k in ("weights", "gradients", "optimizer", "activations")}
-    rows["peak (W+G+O+A vs RSS growth)"] = {"estimate_mb": est_peak / 2**20, "measured_mb": measured["peak_rss_growth"] / 2**20,
+            for k in ("weights", "gradients", "optimizer", "working_copy", "activations") if measured[k] or est[k]}
+    rows["peak (W+G+O+C+max(A, step) vs RSS growth)"] = {"estimate_mb": est_peak / 2**20, "measured_mb": measured["peak_rss_growth"] / 2**20,
                                              "rel_error": est_peak / measured["peak_rss_growth"] - 1}
-    return {"config": name, "shape": c, "params_estimate": est["params"], "params_measured": measured["params"], "components": rows}
+    return {"config": name, "mode": mode, "shape": c, "params_estimate": est["params"], "params_measured": measured["params"],
+            "components": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--measure", help=argparse.SUPPRESS)
+    ap.add_argument("--measure", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--modes", nargs="+", default=["fp32", "standard", "compressed"])
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure)))
+        print(json.dumps(measure(*args.measure)))
         return
     results = []
-    for name in CONFIGS:
-        proc = subprocess.run([sys.executable, __file__, "--measure", name], capture_output=True, text=True, cwd=ROOT,
-                              env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **MALLOC})
-        if proc.returncode:
-            sys.exit(proc.stderr)
-        results.append(compare(name, json.loads(proc.stdout.strip().splitlines()[-1])))
+    for mode in args.modes:
+        for name in CONFIGS:
+            proc = subprocess.run([sys.executable, __file__, "--measure", name, mode], capture_output=True, text=True, cwd=ROOT,
+                                  env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **MALLOC})
+            if proc.returncode:
+                sys.exit(proc.stderr)
+            results.append(compare(name, mode, json.loads(proc.stdout.strip().splitlines()[-1])))
     report = {"date": datetime.date.today().isoformat(), "micro_batch": MICRO, "prompt_len": PROMPT, "completion_len": COMPLETION,
-              "precision": "fp32", "results": results}
+              "modes": args.modes, "results": results}
     lines = [f"# Memory estimate vs measured, {report['date']}", "",
-             f"fp32, micro-batch {MICRO} × ({PROMPT} prompt + {COMPLETION} completion) tokens, AdamW, 2 micro-batches of accumulation, CPU.", ""]
+             f"`python bench/memory_estimate.py {' '.join(sys.argv[1:])}`: micro-batch {MICRO} × ({PROMPT} prompt + {COMPLETION} completion) "
+             "tokens, the mode's AdamW, 2 micro-batches of accumulation, CPU.", ""]
     for r in results:
-        lines += [f"## {r['config']} ({r['params_measured']:,} parameters; estimated {int(r['params_estimate']):,})", "",
+        lines += [f"## {r['mode']}: {r['config']} ({r['params_measured']:,} parameters; estimated {int(r['params_estimate']):,})", "",
                   "| component | estimate (MiB) | measured (MiB) | error |", "|---|---|---|---|"]
         lines += [f"| {k} | {v['estimate_mb']:.1f} | {v['measured_mb']:.1f} | {100 * v['rel_error']:+.1f} % |" for k, v in r["components"].items()]
         lines.append("")

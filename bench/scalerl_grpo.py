@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("SCALERL_BENCH_OUT", ".bench/out")))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another config override, e.g. model.attn_implementation=eager")
     ap.add_argument("--tiny-task", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench",
                     help="folder of the reference tiny_task.py, to cross-check the final pass rate with its evaluate()")
     args = ap.parse_args()
@@ -51,6 +52,7 @@ def main() -> None:
         "optim.max_grad_norm": 1.0, "algorithm.kl.beta": 0.0, "algorithm.loss_agg": "token",
         "train.steps": args.steps, "train.seed": args.seed, "train.threads": 2,
         "eval.every": 0, "log.run_dir": str(args.out / "runs"), "log.name": run_name, "log.console": "none",
+        **dict(item.split("=", 1) for item in args.set),
     })
     summary = train(config)
     rows = read_metrics(Path(summary["run_dir"]))

@@ -138,8 +138,8 @@ def estimate(
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
               f"precision {mode}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
-        for key in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "activations", "kv_cache", "reference",
-                    "critic", "peak"):
+        for key in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "activations", "kv_cache", "optimizer_step",
+                    "reference", "critic", "peak"):
             print(f"  {key:<14} {mem[key] / GIB:10.3f} GiB")
         n = gpus_needed(mem, gpu_mem_gb)
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"

@@ -99,21 +99,29 @@ class CompactAdamW(torch.optim.Optimizer):
                     continue
                 if not self.state[p]:
                     self.state[p].update(self._new_state(p))
-                state = self.state[p]
-                state["step"] += 1
-                t, g = state["step"], p.grad.float()
-                m = self._read(state["exp_avg"]).mul_(b1).add_(g, alpha=1 - b1)
-                v = self._read(state["exp_avg_sq"]).mul_(b2).addcmul_(g, g, value=1 - b2)
-                self._write(state["exp_avg"], m)
-                self._write(state["exp_avg_sq"], v)
-                denom = (v / (1 - b2**t)).sqrt_().add_(eps)
-                target = p.float().mul_(1 - lr * wd).addcdiv_(m, denom, value=-lr / (1 - b1**t))
-                if "error" in state:
-                    target += state["error"].get()
-                p.copy_(target)
-                if "error" in state:
-                    state["error"].set(target - p.float())
+                self._update(p, self.state[p], b1, b2, lr, eps, wd)
         return loss
+
+    def _update(self, p: torch.Tensor, state: dict[str, Any], b1: float, b2: float, lr: float, eps: float, wd: float) -> None:
+        """One parameter's step in float32, holding at most four float32 temporaries of its size at once
+        (`scalerl estimate` counts them in the peak: `optimizer_step`)."""
+        state["step"] += 1
+        t, g = state["step"], p.grad.float()
+        m = self._read(state["exp_avg"]).mul_(b1).add_(g, alpha=1 - b1)
+        v = self._read(state["exp_avg_sq"]).mul_(b2).addcmul_(g, g, value=1 - b2)
+        del g
+        self._write(state["exp_avg"], m)
+        self._write(state["exp_avg_sq"], v)
+        denom = v.div_(1 - b2**t).sqrt_().add_(eps)  # v is written back already: reuse its storage
+        update = m.div_(denom).mul_(-lr / (1 - b1**t))
+        del denom, v
+        if "error" in state:
+            update += state["error"].get()
+        target = p.float().mul_(1 - lr * wd).add_(update)
+        del update
+        p.copy_(target)
+        if "error" in state:
+            state["error"].set(target.sub_(p.float()))
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of the moments and of the error-feedback buffers (codes and scales) held now."""

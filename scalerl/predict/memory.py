@@ -5,13 +5,15 @@ Bytes per parameter or element by precision mode (`precision.mode`, scalerl/plan
 | mode | weights | grads | AdamW (2 moments) | error feedback | activations | KV cache | reference |
 |---|---|---|---|---|---|---|---|
 | fp32 | 4 | 4 | 8 | - | 4 | 4 | 4 |
-| standard (bf16 autocast, fp32 master) | 4 (+ 2: autocast's bf16 copy, transient) | 4 | 8 | - | 2 | 4 | 4 |
+| standard (bf16 autocast, fp32 master) | 4 (+ 2: autocast's bf16 copy of the decoder's weights, transient) | 4 | 8 | - | 2 | 4 | 4 |
 | aggressive (fp8 matmuls, bf16 master) | 2 | 2 | 4 | 1 + s | 2 | 2 | 2 |
 | compressed (bf16, 8-bit moments) | 2 | 2 | 2 + 2s | 1 + s | 2 | 2 | 2, or 1 + per-row scale (reference_8bit) |
 
 s: the 8-bit states' block-wise scales, one float32 per 256 values of each tensor (4·⌈n/256⌉ bytes per
 tensor of n values). `--optim-8bit` gives any mode 8-bit moments. The state bytes are counted tensor by
 tensor, as the trainer holds them (tests/precision compare them with a real learner's, byte for byte).
+With bf16 weights the FP32 LM head's float32 copy of the head weight (4·V·h) is held for its backward
+(`working_copy`).
 Aggressive's fp8 matmuls keep their saved inputs in fp8 but the rest of a layer's saved tensors in
 bf16: 2 bytes per element is the upper bound used.
 
@@ -24,10 +26,17 @@ SiLU(gate) and their product (4i) — i.e. (8 + 2·kv/heads)·h + 4·i, the "fac
 (≈ 20.75 for a Llama-2 7B shape). Plus the final norm (3h per token) and the fp32 logits of
 the completion positions (the log-softmax keeps its input: V per token, ×2 with the entropy term).
 With gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed at a time.
+Under bf16 autocast a layer saves its elements in bf16 except what runs in float32: the RMSNorms upcast
+their inputs (+ 4 bytes per token per hidden unit with bf16 weights), and with fp32 master weights
+(`standard`) the residual stream stays float32 (+ 14 in all), measured tensor by tensor on two shapes
+(h 256/i 768/MHA and h 384/i 1024/GQA: 2·E + 4h and 2·E + 14h bytes per layer and token, E the elements).
 
 KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes, tokens = the rollout batch
-(prompts × group size) × (prompt + completion length). Rollout and learning alternate, so the peak is
-    states + max(activations, KV cache),  states = weights + grads + optimizer (+ reference) (+ critic)
+(prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
+at a time in float32, with up to four float32 temporaries of the largest tensor (`optimizer_step`).
+Rollout, the backward and the optimizer step come one after the other, so the peak is
+    states + max(activations, KV cache, optimizer step),
+    states = weights + grads + optimizer + error feedback + working copy (+ reference) (+ critic)
 """
 
 from __future__ import annotations
@@ -98,14 +107,16 @@ class Precision:
     activations: float
     kv: float
     reference: float  # per element of the frozen reference's weights
-    working_copy: float = 0.0  # autocast's transient low-precision copy of the weights
+    working_copy: float = 0.0  # autocast's bf16 copy of the decoder's weights, per element (embedding and FP32 head not cast)
+    fp32_per_layer: float = 0.0  # bytes per token per hidden unit that a layer saves in float32 beyond `activations`
 
 
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision(weights=4, moments="float32", error_feedback=False, activations=4, kv=4, reference=4),
-    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=4, reference=4, working_copy=2),
-    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2),
-    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2),
+    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=4, reference=4, working_copy=2,
+                          fp32_per_layer=14),
+    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4),
+    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4),
 }
 LEGACY_NAMES = {"bf16": "standard", "fp8": "aggressive"}  # the older train.precision spelling
 BLOCK = 256  # values per float32 scale of an 8-bit state (scalerl/precision/adamw.py)
@@ -147,6 +158,23 @@ def shape_of_model_path(path: str) -> ModelShape:
     return ModelShape.from_hf_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
 
 
+def working_copy_bytes(shape: ModelShape, precision: Precision) -> float:
+    """What the forward keeps besides activations and the weights: under autocast with fp32 weights, the bf16
+    casts of the decoder's weights (not the embedding, whose lookup autocast leaves alone, nor the FP32 LM
+    head); with bf16 weights, the FP32 head's float32 copy of the head weight, saved for its backward."""
+    embed = shape.vocab * shape.hidden
+    body = shape.params - embed * (1 if shape.tie_embeddings else 2)
+    return body * precision.working_copy + (4 * embed if precision.weights < 4 else 0)
+
+
+def activation_bytes_per_token(shape: ModelShape, precision: Precision, *, checkpointing: bool = False) -> float:
+    """Saved bytes per token over all layers: the elements of `activation_elements_per_token` at the mode's
+    width, plus the float32 parts of each full layer under autocast (`Precision.fp32_per_layer`)."""
+    full_layers = 1 if checkpointing else shape.layers
+    return (activation_elements_per_token(shape, checkpointing=checkpointing) * precision.activations
+            + full_layers * precision.fp32_per_layer * shape.hidden)
+
+
 def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = False) -> float:
     """Saved elements per token over all layers: L·((8 + 2·kv/heads)·h + 4·i) + 3h (final norm); with
     checkpointing L·h (layer inputs) + one layer's full set (recomputed during backward) + 3h."""
@@ -171,8 +199,8 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     out: dict[str, float] = {
         "params": float(n),
         **state_bytes(tensors, p, optim_8bit=optim_8bit),
-        "working_copy": n * p.working_copy,
-        "activations": micro_batch * seq * activation_elements_per_token(shape, checkpointing=checkpointing) * p.activations + logits,
+        "working_copy": working_copy_bytes(shape, p),
+        "activations": micro_batch * seq * activation_bytes_per_token(shape, p, checkpointing=checkpointing) + logits,
         "kv_cache": float(shape.layers * 2 * shape.kv_heads * shape.head_dim * rollout_sequences * seq * p.kv),
         "reference": reference_bytes(tensors, p, int8=reference_8bit, head=head) if reference else 0.0,
         "critic": 0.0,
@@ -180,8 +208,10 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if critic == "separate":  # a value model from the policy's backbone: its own weights, grads, states, activations
         body = tensors[:-1] if head else tensors
         out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
+    # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
+    out["optimizer_step"] = 16.0 * max(math.prod(t) for t in tensors) if p.moments != "float32" or optim_8bit else 0.0
     out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "reference", "critic"))
-    out["peak"] = out["states"] + max(out["activations"], out["kv_cache"])
+    out["peak"] = out["states"] + max(out["activations"], out["kv_cache"], out["optimizer_step"])
     return out
 
 

@@ -37,11 +37,15 @@ def test_components_small_shape():
     # (embed 80, per layer 64 + 32 + 32 + 64 + 128·3 + 8 + 8, final norm 8, head 80) hold at most 256 values
     # each, so one block each: 1 + 9·2 + 1 + 1 = 21 tensors, 21 blocks → 2 × (1352 + 4·21)
     assert len(s.tensors()) == 21 and sum(math.prod(t) for t in s.tensors()) == 1352
-    assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == 1352 * 2
-    assert m8["activations"] == 2 * 8 * 296 * 2 + 480
+    # autocast's bf16 copy: every weight but the embedding (80) and the FP32 head (80)
+    assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == (1352 - 160) * 2
+    # bf16 elements, plus the float32 residual stream and norm inputs: 14 bytes per hidden unit per layer and token
+    assert m8["activations"] == 2 * 8 * (296 * 2 + 2 * 14 * 8) + 480
     c = estimate_memory(s, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4,
                         reference=True, reference_8bit=True)
     assert c["weights"] == c["gradients"] == 1352 * 2 and c["error_feedback"] == 1352 + 4 * 21
+    # bf16 weights: no cast copy, but the FP32 head's float32 copy of its weight (10 × 8 × 4 B); norms' fp32 inputs
+    assert c["working_copy"] == 10 * 8 * 4 and c["activations"] == 2 * 8 * (296 * 2 + 2 * 4 * 8) + 480
     # int8 reference: the 14 linear weights (all but embed and head: 2·(64+32+32+64+128·3) = 1152 values, 2·(8+4+4+8+16+16+8)
     # = 128 rows) at 1 byte + 4 per row; the embedding, head and norms (200 values) at 2 bytes
     assert c["reference"] == 1152 + 4 * 128 + 2 * 200
