@@ -29,7 +29,9 @@ With gradient checkpointing only each layer's input (h) is kept, plus one layer 
 Under bf16 autocast a layer saves its elements in bf16 except what runs in float32: the RMSNorms upcast
 their inputs (+ 4 bytes per token per hidden unit with bf16 weights), and with fp32 master weights
 (`standard`) the residual stream stays float32 (+ 14 in all), measured tensor by tensor on two shapes
-(h 256/i 768/MHA and h 384/i 1024/GQA: 2·E + 4h and 2·E + 14h bytes per layer and token, E the elements).
+(h 256/i 768/MHA and h 384/i 1024/GQA: 2·E + 4h and 2·E + 14h bytes per layer and token, E the elements);
+the final norm adds 2h and 6h, and with bf16 weights the FP32 head keeps a float32 copy of its input
+(4h per completion position), measured on tests/predict/test_memory.py's shape.
 
 KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes, tokens = the rollout batch
 (prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
@@ -109,14 +111,17 @@ class Precision:
     reference: float  # per element of the frozen reference's weights
     working_copy: float = 0.0  # autocast's bf16 copy of the decoder's weights, per element (embedding and FP32 head not cast)
     fp32_per_layer: float = 0.0  # bytes per token per hidden unit that a layer saves in float32 beyond `activations`
+    fp32_final_norm: float = 0.0  # the same for the final norm
 
 
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision(weights=4, moments="float32", error_feedback=False, activations=4, kv=4, reference=4),
     "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=4, reference=4, working_copy=2,
-                          fp32_per_layer=14),
-    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4),
-    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4),
+                          fp32_per_layer=14, fp32_final_norm=6),
+    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
+                            fp32_final_norm=2),
+    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
+                            fp32_final_norm=2),
 }
 LEGACY_NAMES = {"bf16": "standard", "fp8": "aggressive"}  # the older train.precision spelling
 BLOCK = 256  # values per float32 scale of an 8-bit state (scalerl/precision/adamw.py)
@@ -163,7 +168,8 @@ def working_copy_bytes(shape: ModelShape, precision: Precision) -> float:
     casts of the decoder's weights (not the embedding, whose lookup autocast leaves alone, nor the FP32 LM
     head); with bf16 weights, the FP32 head's float32 copy of the head weight, saved for its backward."""
     embed = shape.vocab * shape.hidden
-    body = shape.params - embed * (1 if shape.tie_embeddings else 2)
+    norms = (2 * shape.layers + 1) * shape.hidden  # RMSNorm weights: their op runs in float32, never cast
+    body = shape.params - embed * (1 if shape.tie_embeddings else 2) - norms
     return body * precision.working_copy + (4 * embed if precision.weights < 4 else 0)
 
 
@@ -195,6 +201,9 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     p, n, tensors = PRECISIONS[precision], shape.params, shape.tensors()
     seq = prompt_len + completion_len
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)  # fp32 LM head
+    if p.weights < 4:  # the FP32 head's float32 copy of its bf16 input
+        logits += micro_batch * (completion_len + 1) * shape.hidden * 4
+    logits += micro_batch * seq * shape.hidden * p.fp32_final_norm  # the final norm's float32 parts under autocast
     head = None if shape.tie_embeddings else tensors[-1]
     out: dict[str, float] = {
         "params": float(n),

@@ -49,10 +49,11 @@ def test_estimate_7b():
                   "--set", "train.micro_batch_size=4", "--tokens-per-s", "2000")
     assert out.returncode == 0, out.stderr
     # bf16 is the older name of standard: fp32 master weights 6.738e9 × 4 B = 25.10 GiB and autocast's bf16 copy
-    # of all but the embedding and the head (32000 × 4096 each) × 2 B = 12.06 GiB; efficiency 0.85 for 7B
+    # of all but the embedding and the head (32000 × 4096 each) and the 65 norms (× 4096) × 2 B = 12.06 GiB;
+    # efficiency 0.85 for 7B
     n, embed = 6_738_415_616, 32000 * 4096
     assert f"weights        {n * 4 / 2**30:10.3f} GiB" in out.stdout
-    assert f"working_copy   {(n - 2 * embed) * 2 / 2**30:10.3f} GiB" in out.stdout
+    assert f"working_copy   {(n - 2 * embed - 65 * 4096) * 2 / 2**30:10.3f} GiB" in out.stdout
     assert "precision standard" in out.stdout and "efficiency 0.85" in out.stdout
     bad = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "5b")
     assert bad.returncode == 2 and "--model-size" in bad.stderr

@@ -37,15 +37,18 @@ def test_components_small_shape():
     # (embed 80, per layer 64 + 32 + 32 + 64 + 128·3 + 8 + 8, final norm 8, head 80) hold at most 256 values
     # each, so one block each: 1 + 9·2 + 1 + 1 = 21 tensors, 21 blocks → 2 × (1352 + 4·21)
     assert len(s.tensors()) == 21 and sum(math.prod(t) for t in s.tensors()) == 1352
-    # autocast's bf16 copy: every weight but the embedding (80) and the FP32 head (80)
-    assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == (1352 - 160) * 2
-    # bf16 elements, plus the float32 residual stream and norm inputs: 14 bytes per hidden unit per layer and token
-    assert m8["activations"] == 2 * 8 * (296 * 2 + 2 * 14 * 8) + 480
+    # autocast's bf16 copy: every weight but the embedding (80), the FP32 head (80) and the norms (5 × 8)
+    assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == (1352 - 160 - 40) * 2
+    # bf16 elements, plus the float32 residual stream and norm inputs: 14 bytes per hidden unit per layer and
+    # token, 6 for the final norm
+    assert m8["activations"] == 2 * 8 * (296 * 2 + 2 * 14 * 8 + 6 * 8) + 480
     c = estimate_memory(s, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4,
                         reference=True, reference_8bit=True)
     assert c["weights"] == c["gradients"] == 1352 * 2 and c["error_feedback"] == 1352 + 4 * 21
-    # bf16 weights: no cast copy, but the FP32 head's float32 copy of its weight (10 × 8 × 4 B); norms' fp32 inputs
-    assert c["working_copy"] == 10 * 8 * 4 and c["activations"] == 2 * 8 * (296 * 2 + 2 * 4 * 8) + 480
+    # bf16 weights: no cast copy, but the FP32 head's float32 copy of its weight (10 × 8 × 4 B); the norms'
+    # float32 inputs (4 bytes per hidden unit per layer and token, 2 for the final norm); the head's float32
+    # copy of its input (2 × 6 positions × 8 × 4 B)
+    assert c["working_copy"] == 10 * 8 * 4 and c["activations"] == 2 * 8 * (296 * 2 + 2 * 4 * 8 + 2 * 8) + 480 + 2 * 6 * 8 * 4
     # int8 reference: the 14 linear weights (all but embed and head: 2·(64+32+32+64+128·3) = 1152 values, 2·(8+4+4+8+16+16+8)
     # = 128 rows) at 1 byte + 4 per row; the embedding, head and norms (200 values) at 2 bytes
     assert c["reference"] == 1152 + 4 * 128 + 2 * 200
@@ -65,3 +68,53 @@ def test_gpus_and_cost():
 def test_bad_precision():
     with pytest.raises(ScaleRLError, match="--precision"):
         estimate_memory(MODEL_PRESETS["7b"], precision="int4", micro_batch=1, prompt_len=1, completion_len=1, rollout_sequences=1)
+
+
+@pytest.mark.parametrize("mode", ["fp32", "standard", "compressed"])
+def test_activations_and_working_copy_match_what_autograd_saves(mode):
+    """Each mode's forward, as the learner runs it (weights dtype, bf16 autocast, FP32 head), against the
+    estimate: the tensors autograd saves for backward (parameters excluded) split into the working copy
+    (bf16 casts of fp32 weights, or the FP32 head's float32 weight copy) and activations."""
+    import contextlib
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scalerl.models.logprobs import completion_forward
+    from scalerl.plan import precision_policy
+    from scalerl.precision.apply import weights_dtype
+    from scalerl.types import Rollout
+
+    h, i, layers, heads, kv, vocab, micro, prompt, completion = 64, 192, 2, 4, 2, 50, 4, 12, 6
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=heads,
+                                         num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=False,
+                                         attn_implementation="sdpa"))
+    policy = precision_policy(mode)
+    model = model.to(weights_dtype(policy)).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    casts = {p.numel() * 2 for p in model.parameters() if p.dim() == 2}
+    head_copy = model.lm_head.weight.numel() * 4
+    saved, copies = {}, {}
+
+    def pack(t):
+        ptr, nbytes = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        if ptr not in params:
+            copy = (t.dtype == torch.bfloat16 and nbytes in casts) if mode == "standard" else (
+                mode != "fp32" and t.dtype == torch.float32 and nbytes == head_copy)
+            (copies if copy else saved)[ptr] = nbytes
+        return t
+
+    g = torch.Generator().manual_seed(1)
+    ones = lambda n: torch.ones(micro, n, dtype=torch.long)  # noqa: E731
+    batch = Rollout(prompt_ids=torch.randint(3, vocab, (micro, prompt), generator=g), prompt_mask=ones(prompt),
+                    completion_ids=torch.randint(3, vocab, (micro, completion), generator=g), completion_mask=ones(completion),
+                    sampler_logprobs=torch.zeros(micro, completion), group_ids=torch.arange(micro),
+                    truncated=torch.zeros(micro, dtype=torch.bool))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if policy.autocast_dtype else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+        completion_forward(model, batch, fp32_head=policy.fp32_lm_head)
+    shape = ModelShape(vocab=vocab, hidden=h, intermediate=i, layers=layers, heads=heads, kv_heads=kv, head_dim=h // heads)
+    est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion, rollout_sequences=micro)
+    assert sum(copies.values()) == est["working_copy"]
+    assert sum(saved.values()) == pytest.approx(est["activations"], rel=0.03)
