@@ -88,6 +88,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", default="fp32", help="precision.mode (fp32, standard, ...)")
     ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another config override, e.g. model.attn_implementation=eager")
     ap.add_argument("--tiny-task", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "bench")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -135,6 +136,7 @@ def main() -> None:
             "optim.max_grad_norm": 1.0, "algorithm.kl.beta": 0.0, "algorithm.loss_agg": "token",
             "train.steps": args.steps, "train.threads": 2, "eval.every": 0, "eval.max_tasks": 16,
             "checkpoint.save_final": False, "log.run_dir": str(Path(tmp) / "runs"), "log.name": "w2", "log.console": "none",
+            **dict(item.split("=", 1) for item in args.set),
         })
         summary = loop.train(config)
         rows = read_metrics(Path(summary["run_dir"]))

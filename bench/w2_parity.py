@@ -3,8 +3,10 @@
     bash bench/setup_trl.sh                 # once: .bench/trl-venv with TRL's exact versions
     python bench/w2_parity.py --runs 3 --extra-runs 1 --save
 
-Per round: TRL fp32, ScaleRL precision.mode=standard (its bf16), then (for the first --extra-runs
-rounds) TRL --bf16 and ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
+Per round: TRL --bf16 and ScaleRL precision.mode=standard (its bf16), both with eager attention
+(`model.attn_implementation=eager`; TRL's script through bench/trl_w2_attn.py), then (for the first
+--extra-runs rounds) TRL fp32, TRL --bf16, ScaleRL standard (both with transformers' default sdpa) and
+ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
 TRL's best configuration, and the fraction of the bf16 matmul peak that each run measured itself;
 `--save` writes bench/results/w2_parity_<date>.{json,md}. Run it alone on the machine.
 """
@@ -20,18 +22,20 @@ from pathlib import Path
 
 from trl_parity import ROOT, last_json
 
-CONFIGS = {  # name: (framework, arguments)
+CONFIGS = {  # name: (framework, arguments); the first two run every round, the others --extra-runs rounds
+    "trl bf16 eager": ("trl", ["eager", "--bf16"]),
+    "scalerl standard eager": ("scalerl", ["--mode", "standard", "--set", "model.attn_implementation=eager"]),
     "trl fp32": ("trl", []),
-    "scalerl standard": ("scalerl", ["--mode", "standard"]),
     "trl bf16": ("trl", ["--bf16"]),
+    "scalerl standard": ("scalerl", ["--mode", "standard"]),
     "scalerl fp32": ("scalerl", ["--mode", "fp32"]),
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="rounds of TRL fp32 and ScaleRL standard")
-    ap.add_argument("--extra-runs", type=int, default=1, help="rounds that also run TRL bf16 and ScaleRL fp32")
+    ap.add_argument("--runs", type=int, default=3, help="rounds of the first two configurations")
+    ap.add_argument("--extra-runs", type=int, default=1, help="rounds that also run the others")
     ap.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "bench")
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".bench" / "trl-venv" / "bin" / "python")
     ap.add_argument("--save", action="store_true")
@@ -43,7 +47,8 @@ def main() -> None:
         for i, (name, (framework, extra)) in enumerate(CONFIGS.items()):
             if i >= 2 and r >= args.extra_runs:
                 continue
-            cmd = ([str(args.trl_python), "trl_grpo_w2.py", "--no-probe", *extra] if framework == "trl"
+            trl_script = [str(ROOT / "bench" / "trl_w2_attn.py")] if extra[:1] == ["eager"] else ["trl_grpo_w2.py"]
+            cmd = ([str(args.trl_python), *trl_script, *extra, "--no-probe"] if framework == "trl"
                    else [sys.executable, str(ROOT / "bench" / "scalerl_w2.py"), "--tiny-task", str(args.reference), *extra])
             row = last_json(cmd, args.reference if framework == "trl" else ROOT, None)
             peak = max(row["matmul_2048_gflops"]["before"]["bf16"]["median"], row["matmul_2048_gflops"]["after"]["bf16"]["median"]) \
@@ -60,8 +65,8 @@ def main() -> None:
         ratio = m["generated_tokens_per_second"] / medians[best_trl]["generated_tokens_per_second"]
         lines.append(f"| {name} | {len(results[name])} | {m['seconds_per_step']:.2f} | {m['generated_tokens_per_second']:.0f} | {ratio:.2f} | "
                      f"{m['achieved_gflops']:.0f} | {m['fraction_of_bf16_peak']:.3f} | {m['peak_rss_mb']:.0f} |")
-    split = results["scalerl standard"][-1]
-    lines.append(f"\nScaleRL standard, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
+    split = results["scalerl standard eager"][-1]
+    lines.append(f"\nScaleRL standard eager, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
                  f"{split['split_seconds']}, {split['split_gflops']}, {split['split_fraction_of_its_dtype_peak']}")
     print("\n".join(lines))
     if args.save:
