@@ -42,27 +42,18 @@ def completion_forward(
     T = batch.completion_ids.shape[1]
     if share_prompts and (groups := prompt_groups(batch)) is not None and _can_share(model):
         last = _shared_prompt_hidden(model, batch, mask, positions, groups)  # (B, T, H)
-        head = model.get_output_embeddings()
-        if fp32_head and head_not_fp32(model, ids.device.type):
-            with torch.autocast(ids.device.type, enabled=False):
-                logits = F.linear(last.float(), head.weight.float(), None if head.bias is None else head.bias.float())
-        else:
-            logits = head(last)
-            logits = logits.float() if fp32_head else logits
-        hidden = last if with_hidden else None
     elif fp32_head and head_not_fp32(model, ids.device.type):
         out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         last = out.last_hidden_state[:, -(T + 1):-1]  # (B, T, H) after the final norm
-        head = model.get_output_embeddings()
-        with torch.autocast(ids.device.type, enabled=False):
-            logits = F.linear(last.float(), head.weight.float(), None if head.bias is None else head.bias.float())
-        hidden = last if with_hidden else None
-    else:
+    else:  # the model's own head (and its soft-capping, if any)
+        last = None
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=T + 1,
                     output_hidden_states=with_hidden)
         logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts completion token t
         logits = logits.float() if fp32_head else logits
         hidden = out.hidden_states[-1][:, -(T + 1):-1] if with_hidden else None  # (B, T, H)
+    if last is not None:
+        logits, hidden = head_logits(model, last, fp32_head), last if with_hidden else None
     logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)  # (B, T)
     logprobs = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - log_norm  # (B, T)
@@ -105,6 +96,18 @@ def _shared_prompt_hidden(model: torch.nn.Module, batch: Rollout, mask: torch.Te
                    **{cache_name: cache})
     # position P−1 (the prompt's last) predicts completion token 0; P−1+t predicts token t
     return torch.cat([prompt.last_hidden_state[groups, -1:], rest.last_hidden_state[:, :-1]], dim=1)
+
+
+def head_logits(model: torch.nn.Module, hidden: torch.Tensor, fp32_head: bool) -> torch.Tensor:
+    """The LM head on final hidden states (..., H). With `fp32_head` and a head that would multiply in
+    less than float32, a float32 matmul outside autocast on float32 copies of the hidden states and the
+    head; otherwise the model's head, its output cast to float32 with `fp32_head`."""
+    head = model.get_output_embeddings()
+    if fp32_head and head_not_fp32(model, hidden.device.type):
+        with torch.autocast(hidden.device.type, enabled=False):
+            return F.linear(hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+    logits = head(hidden)
+    return logits.float() if fp32_head else logits
 
 
 def head_not_fp32(model: torch.nn.Module, device_type: str) -> bool:

@@ -175,10 +175,11 @@ def working_copy_bytes(shape: ModelShape, precision: Precision) -> float:
 
 def activation_bytes_per_token(shape: ModelShape, precision: Precision, *, checkpointing: bool = False) -> float:
     """Saved bytes per token over all layers: the elements of `activation_elements_per_token` at the mode's
-    width, plus the float32 parts of each full layer under autocast (`Precision.fp32_per_layer`)."""
+    width, plus the float32 parts under autocast of each full layer and of the final norm
+    (`Precision.fp32_per_layer`, `fp32_final_norm`)."""
     full_layers = 1 if checkpointing else shape.layers
     return (activation_elements_per_token(shape, checkpointing=checkpointing) * precision.activations
-            + full_layers * precision.fp32_per_layer * shape.hidden)
+            + (full_layers * precision.fp32_per_layer + precision.fp32_final_norm) * shape.hidden)
 
 
 def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = False) -> float:
@@ -203,7 +204,6 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)  # fp32 LM head
     if p.weights < 4:  # the FP32 head's float32 copy of its bf16 input
         logits += micro_batch * (completion_len + 1) * shape.hidden * 4
-    logits += micro_batch * seq * shape.hidden * p.fp32_final_norm  # the final norm's float32 parts under autocast
     head = None if shape.tie_embeddings else tensors[-1]
     out: dict[str, float] = {
         "params": float(n),

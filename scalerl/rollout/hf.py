@@ -19,9 +19,8 @@ import inspect
 from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from scalerl.models.logprobs import head_not_fp32
+from scalerl.models.logprobs import head_logits, head_not_fp32
 from scalerl.types import Rollout, SamplingParams
 
 
@@ -128,29 +127,26 @@ class HFSampler:
             group_ids=torch.arange(len(prompt_ids), device=self.device).repeat_interleave(n),
         )
 
-    def _next_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past) -> tuple[object, torch.Tensor]:
-        """(cache, (B, V) float32 logits of the last position). With `fp32_head` and a head that would run in
-        less than float32, the decoder's last hidden state goes through a float32 head outside autocast."""
+    def _next_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, past,
+                     own_head: bool) -> tuple[object, torch.Tensor]:
+        """(cache, (B, V) float32 logits of the last position): through the model's own head, or (not
+        `own_head`) the decoder then `head_logits`'s float32 head outside autocast."""
         cache = {self._cache_arg: past} if past is not None else {}
-        if self.fp32_head and head_not_fp32(self.model, ids.device.type):
-            out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
-            head = self.model.get_output_embeddings()
-            with torch.autocast(ids.device.type, enabled=False):
-                logits = F.linear(out.last_hidden_state[:, -1].float(), head.weight.float(),
-                                  None if head.bias is None else head.bias.float())
-        else:
+        if own_head:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **cache)
-            logits = out.logits[:, -1].float()
-        return getattr(out, self._cache_arg), logits
+            return getattr(out, self._cache_arg), out.logits[:, -1].float()
+        out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
+        return getattr(out, self._cache_arg), head_logits(self.model, out.last_hidden_state[:, -1], fp32_head=True)
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                 uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(completion (B, T), sampler log-probs (B, T), finished (B,)) for the (P, L) left-padded prompts."""
         n = params.n
+        own_head = not (self.fp32_head and head_not_fp32(self.model, ids.device.type))  # fixed for the whole call
         # Prefill each prompt once, then copy its KV cache to its n samples: the prompt forward
         # costs a factor n less, and every row still samples independently.
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L); left padding shifts positions
-        past, logits = self._next_logits(ids, mask, positions, None)  # (P, V)
+        past, logits = self._next_logits(ids, mask, positions, None, own_head)  # (P, V)
         if n > 1:
             past.batch_repeat_interleave(n)
             mask, positions, logits = (x.repeat_interleave(n, dim=0) for x in (mask, positions, logits))
@@ -176,6 +172,6 @@ class HFSampler:
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
-            past, logits = self._next_logits(token[:, None], attn, next_pos, past)
+            past, logits = self._next_logits(token[:, None], attn, next_pos, past, own_head)
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

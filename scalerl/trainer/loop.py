@@ -216,8 +216,6 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
         metrics.update(health.check(step, metrics))  # events and responses (scalerl/trainer/recovery.py)
         if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
             eval_start = time.perf_counter()
-            if share is not None:
-                share.update()
             state["last_pass_rate"] = metrics["eval/pass_rate"] = evaluate(config, rollout, step)
             metrics["eval_time_s"] = time.perf_counter() - eval_start
             eval_time += metrics["eval_time_s"]

@@ -69,7 +69,7 @@ def test_the_loop_adapts_threads_between_steps_only_when_they_are_unset(runs, mo
                                                                                 "eval.every": 0})))
     rows = read_metrics(runs / "auto")
     assert [r["threads"] for r in rows] == [7, 7, 7]
-    assert len(calls) == 3 + 1  # before each step and before the final evaluation
+    assert len(calls) == 3  # before each step
     assert summary["steps"] == 3
 
     calls.clear()
