@@ -297,6 +297,15 @@ class EvalConfig(_Section):
         return self
 
 
+class ParallelConfig(_Section):
+    """How ranks started by torchrun (or `scalerl train --nproc N`) split the learner (scalerl/distributed/parallel.py)."""
+
+    strategy: Literal["none", "ddp", "fsdp2"] = Field(
+        "ddp", description="ddp: DistributedDataParallel, every rank holds the whole model; fsdp2: fully_shard, parameters, gradients and "
+                           "optimizer moments split over the ranks (precision.mode fp32 or standard); none: plain modules, gradients summed "
+                           "by one all-reduce. One process: all three are the plain model.")
+
+
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0, description="Save every N steps (0: only at the end).")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted once a newer one is complete.")
@@ -463,6 +472,7 @@ class Config(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)

@@ -65,6 +65,25 @@ def _stdout_closed() -> bool:
         return False
 
 
+def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Path | None, overrides: list[str],
+                 name: str | None, resume: bool) -> None:
+    """`scalerl train --nproc N`: check the config here (a bad key is one line, exit 2, before any process
+    starts), then run `torchrun --standalone --nproc_per_node N --max-restarts K -m scalerl.cli.main train ...`
+    and exit with its code. A restart resumes (see `launch`), so it needs the run's --name."""
+    import subprocess
+
+    from scalerl.checks import check_config
+    from scalerl.config import load_config
+    from scalerl.resume_config import resume_config
+
+    if max_restarts and name is None:
+        raise ScaleRLError("--max-restarts needs --name: a restarted run resumes the run of that name")
+    check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "--max-restarts", str(max_restarts), "-m", "scalerl.cli.main", "train", *argv]
+    raise SystemExit(subprocess.run(command).returncode)
+
+
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,
            overwrite: bool = False) -> None:
     """Build the config (on --resume: from the run's saved one, scalerl/resume_config.py), then print it
@@ -72,6 +91,9 @@ def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, res
     from scalerl.checks import check_config
     from scalerl.config import dump_config, load_config
     from scalerl.resume_config import resume_config
+
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:  # torchrun's restart of failed ranks: continue the run
+        resume, overwrite = True, False
 
     def go() -> None:
         if resume and overwrite:

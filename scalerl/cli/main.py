@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from scalerl.cli.common import launch, run_guarded, setup_logging
+from scalerl.cli.common import launch, launch_ranks, run_guarded, setup_logging
 from scalerl.cli.estimate import estimate
 from scalerl.cli.predict import predict
 from scalerl.cli.report import report
@@ -31,6 +31,10 @@ def train(
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the run folder of --name holds and start afresh."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and exit."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine: runs `torchrun --standalone --nproc_per_node N` "
+                                                       "over this command (parallel.strategy says how they split the learner)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: torchrun restarts all processes this many times "
+                                                                      "after one fails; each restart resumes the run of --name."),
 ) -> None:
     """Train a policy. With no arguments: GRPO on the built-in model and arithmetic environment."""
     overrides = list(set_)
@@ -40,6 +44,11 @@ def train(
         overrides.append(f"train.steps={steps}")
     if metrics_port is not None:
         overrides.append(f"log.metrics_port={metrics_port}")
+    if nproc > 1 and not dry_run:
+        argv = [*(["--config", str(config)] if config else []), *(a for v in overrides for a in ("--set", v)),
+                *(["--resume"] if resume else []), *(["--overwrite"] if overwrite else []), *(["--debug"] if debug else [])]
+        run_guarded(lambda: launch_ranks(nproc, max_restarts, argv, config, overrides, name, resume), debug)
+        return
     launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug, overwrite=overwrite)
 
 

@@ -68,12 +68,15 @@ class HFSampler:
     or a copy that receives state dicts."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, device: torch.device,
-                 autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True):
+                 autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True,
+                 gather: Callable[[], ContextManager] | None = None):
         """`autocast`: the learner's compute precision (a context factory, e.g. bf16 autocast), so that
         sampling runs in it too; `fp32_head`: the LM head's matmul and the softmax in float32 whatever
-        the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`)."""
+        the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`); `gather`: a
+        context factory in which a sharded model's full weights are readable (FSDP2's all-gather)."""
         self.model, self.pad_id, self.eos_id, self.device = model, pad_id, eos_id, device
         self.autocast, self.fp32_head = autocast or contextlib.nullcontext, fp32_head
+        self.gather = gather or contextlib.nullcontext
         self._version = 0
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -109,7 +112,7 @@ class HFSampler:
         was_training = self.model.training
         self.model.eval()
         try:
-            with self.autocast():  # one context for the whole loop: autocast casts each weight once
+            with self.gather(), self.autocast():  # one context for the whole loop: weights gathered and cast once
                 completion, logps, finished = self._decode(ids, mask, params, None if greedy else uniforms)
         finally:
             self.model.train(was_training)

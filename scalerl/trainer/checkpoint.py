@@ -12,11 +12,19 @@ loads. A damaged one (truncated weights, a lost optimizer.pt, a garbled trainer_
 renamed `step_NNNNNNN.damaged`, kept for inspection, and named in a warning; the run resumes from
 the next older one. Leftover `.tmp` and `.deleting` folders of a killed run are removed on resume.
 
-Contents: the model in Hugging Face format (safetensors + config.json + tokenizer, loadable with
-`from_pretrained`), `optimizer.pt` (tensors and plain containers only, read back with
-`torch.load(weights_only=True)`), `rng_rank<R>.pt` per rank, and `trainer_state.json` (step, the
-rollout side's state: data position, reward state, policy version; the learner's: version, updates
-taken, which is the lr schedule's position, health responses, β controller; the health monitor's).
+Contents:
+- `dcp/`: the weights and optimizer state (and a critic's) through `torch.distributed.checkpoint`:
+  each rank writes its own shards, the coordinator writes `.metadata` last (DCP's own commit), keys
+  are the modules' plain parameter names, so a run saved with N ranks under any strategy resumes
+  with M (DCP reshards on load). This is what resume reads.
+- the policy in Hugging Face format (safetensors + config.json + tokenizer, loadable with
+  `from_pretrained`), consolidated from the shards by rank 0, and `critic.safetensors` for PPO's
+  critic: what people deploy or evaluate.
+- `rng_rank<R>.pt` per rank, and `trainer_state.json` (step, the rollout side's state: data
+  position, reward state, policy version; the learner's: version, updates taken, which is the lr
+  schedule's position, health responses, β controller; the health monitor's).
+On a multi-node run the run folder must be on a filesystem every node sees.
+Checkpoints of earlier versions (`optimizer.pt`, no `dcp/`) still load, at world size 1.
 """
 
 from __future__ import annotations
@@ -31,7 +39,15 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
@@ -125,10 +141,28 @@ def verify_checkpoint(folder: Path) -> str | None:
     return None
 
 
-def _expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, dict[str, torch.Tensor]]) -> int:
-    tensors = [*model.state_dict().values(), *(t for state in extra.values() for t in state.values())]
+def _expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, nn.Module]) -> int:
+    """About what a save writes: the weights twice (shards and the export) and the optimizer state."""
+    tensors = [*model.state_dict().values(), *(t for module in extra.values() for t in module.state_dict().values())]
     tensors += [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return 2 * sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _modules(model: nn.Module, extra: dict[str, nn.Module]) -> nn.Module:
+    """One module holding the policy and the extra modules (e.g. the critic), so that every optimizer
+    parameter has a name; names are `policy.<hf name>` and `<extra>.<name>` whatever the strategy."""
+    return nn.ModuleDict({"policy": model, **extra})
+
+
+def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, nn.Module]) -> dict[str, Any]:
+    """Every rank's part of the weights and optimizer state, keyed by parameter name (DCP's input)."""
+    weights, optim = get_state_dict(_modules(model, extra), optimizer)
+    return {"model": weights, "optim": optim}
+
+
+def _full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The consolidated weights on rank 0's CPU (a collective: every rank calls it; others get {})."""
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _save_failed(err: Exception, tmp: Path, root: Path, step: int, needed: int) -> ScaleRLError:
@@ -148,30 +182,39 @@ def _save_failed(err: Exception, tmp: Path, root: Path, step: int, needed: int) 
 def save_checkpoint(
     root: Path, step: int, *, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
     optimizer: torch.optim.Optimizer, rng: dict[str, torch.Tensor],
-    trainer_state: dict[str, Any], keep_last: int, extra_weights: dict[str, dict[str, torch.Tensor]] | None = None,
+    trainer_state: dict[str, Any], keep_last: int, extra_modules: dict[str, nn.Module] | None = None,
 ) -> Path:
+    """Save on every rank (collective). `model`: the policy's Hugging Face module (sharded or not, never
+    a DDP wrapper); `extra_modules`: e.g. {"critic": critic}, unwrapped too."""
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
-    extra_weights = extra_weights or {}
+    extra_modules = extra_modules or {}
 
     def begin() -> None:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
 
+    def shards() -> None:  # every rank: its shards (DCP's coordinator, rank 0, commits .metadata), its RNG streams
+        dcp.save(_sharded_state(model, optimizer, extra_modules), checkpoint_id=tmp / "dcp", no_dist=not ctx.active)
+        torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt")
+
+    exports: dict[str, dict[str, torch.Tensor]] = {}
+
+    def gather() -> None:  # every rank takes part; rank 0 receives the consolidated weights
+        exports.update({name: _full_weights(module) for name, module in {"policy": model, **extra_modules}.items()})
+
     def finish() -> None:
-        _write_main(tmp, step, model, tokenizer, optimizer, trainer_state, extra_weights)
+        _write_main(tmp, step, model, tokenizer, {"world_size": ctx.world_size, **trainer_state}, exports)
         if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
             delete_checkpoint(final)
         os.rename(tmp, final)
         _fsync_dir(root)
 
-    phases = (begin if ctx.is_main else None, lambda: torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt"),  # each rank's own stream
-              finish if ctx.is_main else None)
-    for phase in phases:
+    for phase in (begin if ctx.is_main else None, shards, gather, finish if ctx.is_main else None):
         if (error := _on_all_ranks(ctx, phase)) is not None:
             if ctx.is_main:
-                raise _save_failed(error, tmp, root, step, _expected_bytes(model, optimizer, extra_weights))
+                raise _save_failed(error, tmp, root, step, _expected_bytes(model, optimizer, extra_modules))
             raise ScaleRLError(f"checkpoint of step {step} not saved (rank 0 says why)")
     if ctx.is_main:
         for old in complete_checkpoints(root)[:-keep_last]:
@@ -194,14 +237,13 @@ def _on_all_ranks(ctx: DistContext, fn: Callable[[], None] | None) -> Exception 
     return None
 
 
-def _write_main(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, optimizer: torch.optim.Optimizer,
-                trainer_state: dict[str, Any], extra_weights: dict[str, dict[str, torch.Tensor]]) -> None:
-    """Rank 0's files, then the manifest, fsynced, then the marker, fsynced."""
-    model.save_pretrained(tmp)
+def _write_main(tmp: Path, step: int, model: torch.nn.Module, tokenizer: Any, trainer_state: dict[str, Any],
+                exports: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Rank 0's files (the consolidated exports), then the manifest, fsynced, then the marker, fsynced."""
+    model.save_pretrained(tmp, state_dict=exports.pop("policy"))
     tokenizer.save_pretrained(tmp)
-    for name, state in extra_weights.items():  # e.g. PPO's critic, as `critic.safetensors`
+    for name, state in exports.items():  # e.g. PPO's critic, as `critic.safetensors`
         save_file({k: v.contiguous() for k, v in state.items()}, tmp / f"{name}.safetensors")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     write_manifest(tmp)
     _fsync_tree(tmp)
@@ -226,15 +268,23 @@ def load_model_weights(model: torch.nn.Module, folder: Path, skip: set[str] = fr
 def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     extra_modules: dict[str, torch.nn.Module] | None = None
                     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore model, optimizer (and extra modules such as a critic) in place; returns
-    (trainer_state, this rank's RNG states)."""
+    """Restore model, optimizer (and extra modules such as a critic) in place from the DCP shards, at
+    any world size and strategy (on every rank: a collective); returns (trainer_state, this rank's RNG states)."""
     extra_modules = extra_modules or {}
-    load_model_weights(model, folder, skip=set(extra_modules))
-    for name, module in extra_modules.items():
-        module.load_state_dict(load_file(folder / f"{name}.safetensors"))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    rng = torch.load(folder / f"rng_rank{ctx.rank}.pt", weights_only=True)
-    return json.loads((folder / "trainer_state.json").read_text()), rng
+    if (folder / "dcp").is_dir():
+        state = _sharded_state(model, optimizer, extra_modules)  # the layout to fill: this run's shards
+        dcp.load(state, checkpoint_id=folder / "dcp", no_dist=not ctx.active)
+        set_state_dict(_modules(model, extra_modules), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    else:  # a checkpoint of an earlier version: one process's files
+        load_model_weights(model, folder, skip=set(extra_modules))
+        for name, module in extra_modules.items():
+            module.load_state_dict(load_file(folder / f"{name}.safetensors"))
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    state = json.loads((folder / "trainer_state.json").read_text())
+    # A rank the saving run did not have (resumed with more ranks) has no stream: None, the caller seeds it.
+    saved_ranks = state.get("world_size", 1)
+    rng = torch.load(folder / f"rng_rank{ctx.rank}.pt", weights_only=True) if ctx.rank < saved_ranks else None
+    return state, rng
 
 
 T = TypeVar("T")

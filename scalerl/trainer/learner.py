@@ -5,7 +5,8 @@
                    micro-batches (`micro_step` → `rl_objective`) → version + 1
 
 It owns the policy, the frozen reference, the critic, the optimizer and the lr schedule, gradient
-sync and precision, and its run-time state (`LearnerState`: version, updates taken, the health
+sync (`parallel`, scalerl/distributed/parallel.py: it runs the models through the strategy's wrapped
+modules and never asks which strategy it is) and precision, and its run-time state (`LearnerState`: version, updates taken, the health
 responses' lr cut and clipping). It never assumes the batch was sampled by its current weights:
 a batch is on-policy when its `policy_version` equals the learner's and it gets exactly one update
 (`BatchPlan.single_update`); only then are π_old's log-probs the detached current ones. Otherwise
@@ -29,7 +30,7 @@ from scalerl.algorithms.losses import aggregation_units, mask_truncated
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.distributed.context import DistContext
-from scalerl.models.logprobs import completion_forward
+from scalerl.distributed.parallel import Strategy, unwrap
 from scalerl.plan import BatchPlan, PrecisionPolicy
 from scalerl.precision.apply import component_bytes, expected_bytes
 from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
@@ -80,11 +81,15 @@ def cpu_copy(obj: Any) -> Any:
 
 
 class Learner:
-    def __init__(self, *, policy: torch.nn.Module, reference: torch.nn.Module | None, critic: torch.nn.Module | None,
-                 value_head: bool, optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan,
-                 precision: PrecisionPolicy, algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any],
-                 temperature: float, ctx: DistContext):
-        self.policy, self.reference, self.critic, self.value_head = policy, reference, critic, value_head
+    def __init__(self, *, policy: torch.nn.Module, policy_forward: torch.nn.Module, reference: torch.nn.Module | None,
+                 reference_forward: torch.nn.Module | None, critic: torch.nn.Module | None, value_head: bool,
+                 optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
+                 algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
+                 parallel: Strategy):
+        """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
+        `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too."""
+        self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
+        self.critic, self.value_head, self.parallel = critic, value_head, parallel
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
         self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]  # peak lr of each group (policy, critic)
@@ -131,8 +136,7 @@ class Learner:
                 if values:
                     parts.append(self.values(mb).float())
                 else:
-                    parts.append(completion_forward(model, mb, temperature=self.temperature,
-                                                    fp32_head=self.precision.fp32_lm_head).logprobs.float())
+                    parts.append(model(mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head).logprobs.float())
         return torch.cat(parts)
 
     def values(self, batch: Rollout, hidden: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,7 +144,7 @@ class Learner:
         if not self.value_head:
             return self.critic(batch)
         if hidden is None:
-            hidden = completion_forward(self.policy, batch, temperature=self.temperature, with_hidden=True).hidden
+            hidden = self.policy_forward(batch, temperature=self.temperature, with_hidden=True).hidden
         return self.critic(hidden)
 
     def global_outcome_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -152,8 +156,8 @@ class Learner:
     def targets(self, batch: ScoredBatch, beta: float, need_old: bool) -> Targets:
         rollout, algo = batch.rollout, self.algo
         mask = mask_truncated(rollout.completion_mask, rollout.truncated) if algo.mask_truncated_completions else rollout.completion_mask
-        ref_lp = self.frozen_forward(self.reference, rollout) if self.reference is not None else None
-        old_lp = self.frozen_forward(self.policy, rollout) if need_old else None
+        ref_lp = self.frozen_forward(self.reference_forward, rollout) if self.reference_forward is not None else None
+        old_lp = self.frozen_forward(self.policy_forward, rollout) if need_old else None
         if algo.name != "ppo":
             return Targets(mask, self.global_outcome_advantages(batch.rewards), old_lp, ref_lp)
         old_values = self.frozen_forward(None, rollout, values=True)
@@ -196,7 +200,9 @@ class Learner:
                 normalizer, tokens = self.ctx.sum(counts.double()).tolist()
                 stats: dict[str, float] = {"loss": 0.0}
                 for micro in range(start, rows.stop, plan.micro_batch_size):
-                    diagnostics = self.micro_step(rollout, t, slice(micro, micro + plan.micro_batch_size), beta, normalizer, tokens)
+                    last = micro + plan.micro_batch_size >= rows.stop  # only its backward reduces across ranks
+                    with self.parallel.accumulating(sync=last):
+                        diagnostics = self.micro_step(rollout, t, slice(micro, micro + plan.micro_batch_size), beta, normalizer, tokens)
                     stats["loss"] += diagnostics.pop("loss")  # already normalised by the whole mini-batch
                     for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
                         stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
@@ -209,8 +215,8 @@ class Learner:
         """Forward and backward of one micro-batch; returns its detached diagnostics."""
         mb = rollout.select(rows)
         with self.autocast():
-            fwd = completion_forward(self.policy, mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head,
-                                     with_entropy=True, with_hidden=self.value_head)
+            fwd = self.policy_forward(mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head,
+                                      with_entropy=True, with_hidden=self.value_head)
             values = self.values(mb, fwd.hidden).float() if t.returns is not None else None
         logprobs = fwd.logprobs.float()
         pick = (lambda x: None if x is None else x[rows])
@@ -225,13 +231,11 @@ class Learner:
         return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
 
     def apply_update(self, guard_scale: float = 1.0) -> float:
-        """Sum gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
-        self.ctx.sum_gradients(self.policy)
-        if self.critic is not None:  # a separate value model, or a value head that lives outside the policy module
-            self.ctx.sum_gradients(self.critic)
+        """Finish the sum of gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
+        self.parallel.finish_gradients()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        # The norm is of the summed gradient, so every rank takes the same skip and clip decision.
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.state.max_grad_norm or math.inf).item()
+        # The norm is of the summed (global) gradient, so every rank takes the same skip and clip decision.
+        grad_norm = self.parallel.grad_norm(params, self.state.max_grad_norm or math.inf)
         if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
             factor = lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale * guard_scale
             for group, base in zip(self.optimizer.param_groups, self.base_lrs):
@@ -260,6 +264,10 @@ class Learner:
             self.critic.load_state_dict(snap.critic)
         self.optimizer.load_state_dict(snap.optimizer)
         self.state.version += 1
+
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        """What a checkpoint keeps besides the policy: PPO's critic, unwrapped (its names as a lone module's)."""
+        return {"critic": unwrap(self.critic)} if self.critic is not None else {}
 
     def component_bytes(self, expected: bool = False) -> dict[str, int]:
         """Bytes of the weights, gradients, optimizer moments, error feedback and reference held now; with

@@ -63,7 +63,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
     learner = build_learner(config, ctx, policy)
-    rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast)
+    rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
+                            gather=lambda: learner.parallel.gathered(learner.policy_forward))
     return rollout, learner, run_dir
 
 
@@ -82,9 +83,8 @@ def evaluate(config: Config, rollout: RolloutWorker, step: int) -> float:
 
 
 def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path, step: int, state: dict[str, Any]) -> None:
-    extra = {"critic": learner.critic.state_dict()} if learner.critic is not None else {}
     ckpt.save_checkpoint(run_dir / "checkpoints", step, ctx=learner.ctx, model=learner.policy, tokenizer=rollout.tokenizer,
-                         optimizer=learner.optimizer, rng={"torch": torch.get_rng_state()}, extra_weights=extra,
+                         optimizer=learner.optimizer, rng={"torch": torch.get_rng_state()}, extra_modules=learner.extra_modules(),
                          trainer_state={**state, "rollout": rollout.state_dict(), "learner": learner.state_dict()},
                          keep_last=config.checkpoint.keep_last)
 
@@ -96,11 +96,9 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Calla
     if learner.ctx.is_main:
         ckpt.remove_partial(root)
     learner.ctx.barrier()
-    extra = {"critic": learner.critic} if learner.critic is not None else {}
-
     def load(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:  # all of it, so any damage is caught here
         state, rng = ckpt.load_checkpoint(folder, ctx=learner.ctx, model=learner.policy, optimizer=learner.optimizer,
-                                          extra_modules=extra)
+                                          extra_modules=learner.extra_modules())
         learner.load_state_dict(state.pop("learner"))
         rollout.load_state_dict(state.pop("rollout"))
         return state, rng
@@ -110,7 +108,10 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Calla
         return {"step": 0}
     state, rng = loaded
     publish_weights(rollout, learner)
-    torch.set_rng_state(rng["torch"])
+    if rng is not None:
+        torch.set_rng_state(rng["torch"])
+    else:  # a rank the saving run did not have: a stream of its own, from the seed, the rank and the step
+        torch.manual_seed(derive_seed(rollout.seed, "rank", learner.ctx.rank, state["step"]))
     return state
 
 

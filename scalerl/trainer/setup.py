@@ -16,6 +16,7 @@ import yaml
 from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config, dump_config
 from scalerl.distributed.context import DistContext
+from scalerl.distributed.parallel import CompletionModel, build_strategy
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import attention_choice, attention_used
@@ -117,14 +118,15 @@ def set_threads(threads: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None) -> Sampler:
-    """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling shares."""
+def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None) -> Sampler:
+    """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling
+    shares; `gather`: the parallel strategy's full-weights context for a sharded policy."""
     match config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
 
             return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=device,
-                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head)
+                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather)
         case "vllm":
             if device.type != "cuda":
                 raise ScaleRLError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on this machine")
@@ -148,11 +150,17 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
 
 
 def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> Learner:
-    """Reference, critic, optimizer and β controller around the policy; a learner of version 0."""
+    """Reference, critic, the parallel strategy's wrapping, optimizer and β controller around the policy; a
+    learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
+    the parameters for their shards)."""
     algo = config.algorithm
     # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
     reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
+    parallel = build_strategy(config.parallel.strategy, ctx, config.precision_policy)
+    policy_forward = parallel.wrap(CompletionModel(policy))
+    reference_forward = parallel.wrap(CompletionModel(reference), trainable=False) if reference is not None else None
+    critic = parallel.wrap(critic) if critic is not None else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))
@@ -160,18 +168,20 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
     kl = algo.kl
     kl_ctl = KLController(schedule=kl.schedule, beta=kl.beta, total_steps=config.train.steps, target_kl=kl.target_kl,
                           horizon=kl.horizon, beta_min=kl.beta_min, beta_target=kl.beta_target)
-    return Learner(policy=policy, reference=reference, critic=critic, value_head=algo.name == "ppo" and algo.critic == "head",
+    return Learner(policy=policy, policy_forward=policy_forward, reference=reference, reference_forward=reference_forward, critic=critic, value_head=algo.name == "ppo" and algo.critic == "head",
                    optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision_policy, algo=algo, optim=config.optim,
                    objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
-                   temperature=config.rollout.temperature, ctx=ctx)
+                   temperature=config.rollout.temperature, ctx=ctx, parallel=parallel)
 
 
-def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast) -> RolloutWorker:
-    """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy embeddings)."""
+def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
+                  gather=None) -> RolloutWorker:
+    """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
+    embeddings), `gather` its strategy's full-weights context (for sampling a sharded policy)."""
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather)
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=autocast,
                                     ctx=ctx, run_dir=run_dir)
     ro, algo = config.rollout, config.algorithm

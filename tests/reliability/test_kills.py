@@ -77,7 +77,7 @@ DRIVER = textwrap.dedent("""
 
     def rmtree(path, *a, **k):
         if where == "rotation" and str(path).endswith(".deleting") and os.path.isdir(path):
-            os.remove(os.path.join(path, "optimizer.pt"))  # half deleted, then killed
+            os.remove(os.path.join(path, "dcp", "__0_0.distcp"))  # half deleted, then killed
             os.kill(os.getpid(), signal.SIGKILL)
         return real_rmtree(path, *a, **k)
 
@@ -108,7 +108,7 @@ def test_sigkill_inside_a_rotation_leaves_no_marked_partial_folder(straight, run
     finished = run_cli_train("--resume", *cli_args(runs, "run", **EVERY_STEP))
     assert finished.returncode == 0, finished.stderr
     assert _leftovers(root) == [] and same_run(runs / "run", straight, 12)
-    fault("SIGKILL", "SIGKILL in a rotation, the old checkpoint half deleted (optimizer.pt gone)",
+    fault("SIGKILL", "SIGKILL in a rotation, the old checkpoint half deleted (its DCP shard gone)",
           f"the half-deleted folder was already {left[0]} (no COMPLETE folder partial); --resume removed it and ended "
           "identical to the run never killed")
 

@@ -151,7 +151,7 @@ def test_on_policy_is_derived_from_versions_not_assumed(runs, monkeypatch):
     stale = rollout.produce(2)  # the sampler was not told about version 1
     assert stale.policy_version == 0 and learner.version == 1
     metrics = learner.learn(stale, 2)
-    assert metrics["on_policy"] == 0.0 and metrics["staleness"] == 1.0 and calls == [learner.policy]
+    assert metrics["on_policy"] == 0.0 and metrics["staleness"] == 1.0 and calls == [learner.policy_forward]
     rollout.sync_weights(None, learner.version)
     assert rollout.produce(3).policy_version == 2
 

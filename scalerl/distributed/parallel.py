@@ -1,0 +1,233 @@
+"""Data-parallel strategies: `parallel.strategy` none | ddp | fsdp2, the learner's one gradient-sync seam.
+
+The learner never branches on the strategy. It runs its models through `wrap`'s modules (whose
+forward is `completion_forward`, the log-probs of a batch), accumulates micro-batches inside
+`accumulating`, and calls `finish_gradients` once per update; the sampler reads the policy inside
+`gathered`.
+
+The convention every strategy keeps: the loss of a micro-batch is its sum divided by the *global*
+count of tokens (or completions, or prompts) of the mini-batch, so the gradient of the global batch
+is the **sum** of the ranks' gradients, never their mean. DDP and FSDP2 average by default; here
+DDP's gradient buckets are all-reduced by a comm hook that sums (`_sum_buckets`) and FSDP2's
+reduce-scatter is a plain SUM (divide factor 1, `set_force_sum_reduction_for_comms`). Micro-batches before the
+last of a mini-batch skip the sync (`no_sync` / `set_requires_gradient_sync(False)`), so a
+mini-batch costs one reduction whatever its number of micro-batches.
+
+Every rank ends an update with the same gradient (DDP: the same summed tensors; FSDP2: shards of one
+gradient whose norm is reduced over the ranks), so the non-finite skip and the clipping decision,
+taken from that norm, agree across ranks without an extra collective.
+
+    none   one process (world size 1), or ranks that run the plain module and sum gradients with
+           one flat all-reduce (for models no wrapper can take; not the default)
+    ddp    torch.nn.parallel.DistributedDataParallel: each rank holds the whole model and optimizer
+    fsdp2  torch.distributed.fsdp.fully_shard per decoder layer and on the whole: parameters,
+           gradients and optimizer moments are 1/N per rank; bf16 compute follows the precision mode
+           (MixedPrecisionPolicy: bf16 parameters in compute, float32 reduction)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalerl.distributed.context import DistContext
+from scalerl.errors import ScaleRLError
+from scalerl.models.logprobs import CompletionForward, completion_forward
+from scalerl.plan import PrecisionPolicy
+from scalerl.types import Rollout
+
+STRATEGIES = ("none", "ddp", "fsdp2")
+
+
+class CompletionModel(nn.Module):
+    """A causal LM as the learner runs it: `forward(batch, **options)` is `completion_forward(model, batch,
+    **options)`. Wrappers (DDP, FSDP2's root) hook a module's forward; the learner's forward runs the
+    decoder and the LM head separately, so this module is what they wrap."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Rollout, **options: Any) -> CompletionForward:
+        return completion_forward(self.model, batch, **options)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of a Hugging Face model (FSDP2's unit of sharding)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "backbone", model)
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
+    if layers is None:
+        raise ScaleRLError(f"parallel.strategy=fsdp2: cannot find the decoder layers of {type(model).__name__} "
+                           "(looked for .layers and .h); use parallel.strategy=ddp")
+    return list(layers)
+
+
+class Strategy:
+    """`none`: the plain modules; at world size > 1 a flat all-reduce sums the gradients."""
+
+    name = "none"
+
+    def __init__(self, ctx: DistContext, precision: PrecisionPolicy):
+        self.ctx, self.precision = ctx, precision
+        self._roots: list[nn.Module] = []  # the modules whose gradients this strategy syncs
+
+    def wrap(self, module: nn.Module, *, trainable: bool = True) -> nn.Module:
+        """The module the learner calls (a `CompletionModel` or a critic). Frozen modules (the
+        reference) get no gradient sync."""
+        if trainable:
+            self._roots.append(module)
+        return module
+
+    @contextlib.contextmanager
+    def accumulating(self, sync: bool) -> Iterator[None]:
+        """Around a micro-batch's forward and backward: `sync` is False for all but a mini-batch's last."""
+        yield
+
+    def finish_gradients(self) -> None:
+        """After the last micro-batch's backward: every rank holds the global batch's gradient (summed)."""
+        for root in self._roots:
+            self.ctx.sum_gradients(root)
+
+    @contextlib.contextmanager
+    def gathered(self, module: nn.Module) -> Iterator[None]:
+        """Full weights readable on `module`'s submodules for generation (a no-op unless sharded)."""
+        yield
+
+    def grad_norm(self, params: list[torch.Tensor], max_norm: float) -> float:
+        """Clip to `max_norm` (inf: only measure); the norm of the whole (global) gradient."""
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):  # a DTensor under FSDP2
+            norm = norm.full_tensor()
+        return norm.item()
+
+    def describe(self) -> str:
+        return f"parallel: {self.name}, world size {self.ctx.world_size}"
+
+
+def _sum_buckets(_state, bucket):  # no annotations: DDP checks them, and this module's are strings
+    """DDP comm hook: all-reduce each gradient bucket (a dist.GradBucket) with SUM; DDP's own default
+    divides by the world size. Returns the future of the reduced buffer."""
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+class DDPStrategy(Strategy):
+    name = "ddp"
+
+    def __init__(self, ctx: DistContext, precision: PrecisionPolicy):
+        super().__init__(ctx, precision)
+        self._ddp: list[nn.parallel.DistributedDataParallel] = []
+
+    def wrap(self, module: nn.Module, *, trainable: bool = True) -> nn.Module:
+        if not trainable or not self.ctx.active:
+            return module
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+        ddp.register_comm_hook(None, _sum_buckets)
+        self._ddp.append(ddp)
+        return ddp
+
+    @contextlib.contextmanager
+    def accumulating(self, sync: bool) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if not sync:
+                for ddp in self._ddp:
+                    stack.enter_context(ddp.no_sync())
+            yield
+
+    def finish_gradients(self) -> None:
+        pass  # the comm hook summed every bucket during the last backward
+
+
+class FSDP2Strategy(Strategy):
+    name = "fsdp2"
+
+    def __init__(self, ctx: DistContext, precision: PrecisionPolicy):
+        super().__init__(ctx, precision)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized():
+            raise ScaleRLError("parallel.strategy=fsdp2 needs a process group: start with torchrun (or scalerl train --nproc N)")
+        if not precision.fused_adamw:
+            raise ScaleRLError(f"parallel.strategy=fsdp2 with precision.mode={precision.mode}: its CompactAdamW does not take sharded "
+                               "(DTensor) parameters yet; use precision.mode fp32 or standard, or parallel.strategy=ddp")
+        self.mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+        self._fsdp: list[nn.Module] = []
+
+    def _policy(self):
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.precision.autocast_dtype is None:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=getattr(torch, self.precision.autocast_dtype), reduce_dtype=torch.float32)
+
+    def wrap(self, module: nn.Module, *, trainable: bool = True) -> nn.Module:
+        from torch.distributed.fsdp import fully_shard
+
+        if any(getattr(m, "weight", None) is not None and m.weight.dtype == torch.int8 for m in module.modules()):
+            return module  # an int8 reference stays whole on every rank
+        inner = module.model if isinstance(module, CompletionModel) else module
+        mp = self._policy() if trainable else None
+        options = {"mesh": self.mesh, **({"mp_policy": mp} if mp is not None else {})}
+        for layer in decoder_layers(inner) if isinstance(module, CompletionModel) or hasattr(inner, "backbone") else []:
+            fully_shard(layer, **options)
+        fully_shard(module, **options)
+        for m in module.modules():
+            if hasattr(m, "set_gradient_divide_factor"):  # per FSDP module (not recursive)
+                m.set_gradient_divide_factor(1.0)  # the loss is already divided by the global count: sum, not mean
+                m.set_force_sum_reduction_for_comms(True)  # a plain SUM reduce-scatter (gloo has no PREMUL_SUM)
+        module._get_fsdp_state()._lazy_init()  # fix the root now: the sampler may run a layer before any root forward
+        self._fsdp.append(module)
+        return module
+
+    @contextlib.contextmanager
+    def accumulating(self, sync: bool) -> Iterator[None]:
+        for module in self._fsdp:
+            module.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            for module in self._fsdp:
+                module.set_requires_gradient_sync(True)
+
+    def finish_gradients(self) -> None:
+        pass  # reduce-scatter ran in the last backward; each rank holds its shard of the summed gradient
+
+    @contextlib.contextmanager
+    def gathered(self, module: nn.Module) -> Iterator[None]:
+        """All-gather every shard of `module` once and keep it gathered (no reshard after each layer's
+        forward) while the sampler decodes token by token; reshard afterwards."""
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        if not sharded:
+            yield
+            return
+        layers = sharded[1:]
+        for m in layers:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in sharded:
+            m.unshard()
+        try:
+            yield
+        finally:
+            for m in sharded:
+                m.reshard()
+            for m in layers:
+                m.set_reshard_after_forward(True, recurse=False)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (FSDP2 wraps in place: its module is itself)."""
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+def build_strategy(name: str, ctx: DistContext, precision: PrecisionPolicy) -> Strategy:
+    if name not in STRATEGIES:
+        raise ScaleRLError(f"parallel.strategy: unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
+    if name == "none" or not ctx.active:  # one process: every strategy is the plain model
+        return Strategy(ctx, precision)
+    return DDPStrategy(ctx, precision) if name == "ddp" else FSDP2Strategy(ctx, precision)
