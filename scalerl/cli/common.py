@@ -66,7 +66,7 @@ def _stdout_closed() -> bool:
 
 
 def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Path | None, overrides: list[str],
-                 name: str | None, resume: bool) -> None:
+                 resume: bool) -> None:
     """`scalerl train --nproc N`: check the config here (a bad key is one line, exit 2, before any process
     starts), then run `torchrun --standalone --nproc_per_node N --max-restarts K -m scalerl.cli.main train ...`
     and exit with its code. A restart resumes (see `launch`), so it needs the run's --name."""
@@ -76,12 +76,22 @@ def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Pa
     from scalerl.config import load_config
     from scalerl.resume_config import resume_config
 
-    if max_restarts and name is None:
+    config = check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+    if max_restarts and config.log.name is None:
         raise ScaleRLError("--max-restarts needs --name: a restarted run resumes the run of that name")
-    check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
                "--max-restarts", str(max_restarts), "-m", "scalerl.cli.main", "train", *argv]
-    raise SystemExit(subprocess.run(command).returncode)
+    code = subprocess.run(command).returncode
+    if code not in (0, 2):  # 2: a rank already printed its one-line error
+        from scalerl.trainer.checkpoint import latest_checkpoint
+
+        name = config.log.name
+        newest = latest_checkpoint(config.log.run_dir / name / "checkpoints") if name else None
+        kept = f"the newest complete checkpoint is {newest}" if newest else "no checkpoint was complete"
+        again = f"resume with --resume --name {name}" if newest else "start it again"
+        print(f"error: a process of the run stopped (torchrun exit code {code}; its summary is above); {kept}; {again}",
+              file=sys.stderr)
+    raise SystemExit(code)
 
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,

@@ -205,7 +205,7 @@ def save_checkpoint(
         exports.update({name: _full_weights(module) for name, module in {"policy": model, **extra_modules}.items()})
 
     def finish() -> None:
-        _write_main(tmp, step, model, tokenizer, {"world_size": ctx.world_size, **trainer_state}, exports)
+        _write_main(tmp, step, model, tokenizer, {**trainer_state, "world_size": ctx.world_size}, exports)
         if final.exists():  # re-saving a step (e.g. the final save right after a periodic one)
             delete_checkpoint(final)
         os.rename(tmp, final)
