@@ -297,13 +297,45 @@ class EvalConfig(_Section):
         return self
 
 
-class ParallelConfig(_Section):
-    """How ranks started by torchrun (or `scalerl train --nproc N`) split the learner (scalerl/distributed/parallel.py)."""
+class ParamGroupConfig(_Section):
+    """One group of dynamic sharding: the parameters whose names match `params`, averaged every `sync_interval` steps."""
 
-    strategy: Literal["none", "ddp", "fsdp2"] = Field(
+    name: str = Field(..., min_length=1, description="Shown in the log and in comm/bytes/<name>.")
+    params: list[str] = Field(..., min_length=1, description="Glob patterns over parameter names (fnmatch), e.g. '*.self_attn.o_proj.*'; "
+                                                            "{last} stands for the last decoder layer's index. A parameter joins the first group it matches.")
+    sync_interval: int = Field(..., ge=1, description="Average this group across the ranks every N steps.")
+
+
+# The source's sensitivity grouping (000 §2.1): attention outputs and the last FFN layer every 2 steps,
+# the rest of the decoder layers (middle MLPs, q/k/v) every 5, the embeddings every 10.
+DEFAULT_PARAM_GROUPS = (
+    {"name": "sensitive", "params": ["*.self_attn.o_proj.*", "*.attn.c_proj.*", "*.layers.{last}.mlp.down_proj.*", "*norm*"], "sync_interval": 2},
+    {"name": "mid", "params": ["*.layers.*", "*.h.*"], "sync_interval": 5},
+    {"name": "embedding", "params": ["*embed_tokens*", "*wte*", "*wpe*", "lm_head.*"], "sync_interval": 10},
+)
+
+
+class ParallelConfig(_Section):
+    """How ranks started by torchrun (or `scalerl train --nproc N`) split the learner (scalerl/distributed/)."""
+
+    strategy: Literal["none", "ddp", "fsdp2", "dynamic"] = Field(
         "ddp", description="ddp: DistributedDataParallel, every rank holds the whole model; fsdp2: fully_shard, parameters, gradients and "
-                           "optimizer moments split over the ranks (precision.mode fp32 or standard); none: plain modules, gradients summed "
-                           "by one all-reduce. One process: all three are the plain model.")
+                           "optimizer moments split over the ranks (precision.mode fp32 or standard); dynamic: the source's dynamic sharding, "
+                           "every rank steps on its own gradient and each of param_groups is averaged every sync_interval steps; none: "
+                           "plain modules, gradients summed by one all-reduce. One process: all of them are the plain model.")
+    param_groups: list[ParamGroupConfig] = Field(
+        default_factory=lambda: [ParamGroupConfig(**g) for g in DEFAULT_PARAM_GROUPS],
+        description="dynamic: the groups and their sync intervals (`scalerl auto-shard` writes them from a profile); parameters no "
+                    "group matches are averaged every step.")
+    sync_moments: bool = Field(False, description="dynamic: average each group's AdamW moments with its parameters (at full "
+                                                  "synchronisations they are averaged anyway).")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "ParallelConfig":
+        names = [g.name for g in self.param_groups]
+        if len(set(names)) != len(names) or "rest" in names:
+            raise ValueError(f"parallel.param_groups: group names must be distinct and not 'rest' (got {names})")
+        return self
 
 
 class CheckpointConfig(_Section):

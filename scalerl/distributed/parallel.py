@@ -23,12 +23,18 @@ taken from that norm, agree across ranks without an extra collective.
     fsdp2  torch.distributed.fsdp.fully_shard per decoder layer and on the whole: parameters,
            gradients and optimizer moments are 1/N per rank; bf16 compute follows the precision mode
            (MixedPrecisionPolicy: bf16 parameters in compute, float32 reduction)
+    dynamic the source's dynamic sharding (scalerl/distributed/dynamic_sharding.py): no gradient
+           sync; groups of parameters averaged every few steps (local SGD)
+
+`comm/bytes` (logged every step at world size > 1) is the payload this rank reduced: every
+gradient once per update for none/ddp/fsdp2 (FSDP2's parameter all-gathers not counted), the
+averaged groups for dynamic.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -40,7 +46,10 @@ from scalerl.models.logprobs import CompletionForward, completion_forward
 from scalerl.plan import PrecisionPolicy
 from scalerl.types import Rollout
 
-STRATEGIES = ("none", "ddp", "fsdp2")
+if TYPE_CHECKING:
+    from scalerl.config import ParallelConfig
+
+STRATEGIES = ("none", "ddp", "fsdp2", "dynamic")
 
 
 class CompletionModel(nn.Module):
@@ -74,6 +83,10 @@ class Strategy:
     def __init__(self, ctx: DistContext, precision: PrecisionPolicy):
         self.ctx, self.precision = ctx, precision
         self._roots: list[nn.Module] = []  # the modules whose gradients this strategy syncs
+        self._step_bytes = 0  # payload reduced since the last end_of_step
+
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for root in self._roots for p in root.parameters() if p.requires_grad]
 
     def wrap(self, module: nn.Module, *, trainable: bool = True) -> nn.Module:
         """The module the learner calls (a `CompletionModel` or a critic). Frozen modules (the
@@ -91,6 +104,20 @@ class Strategy:
         """After the last micro-batch's backward: every rank holds the global batch's gradient (summed)."""
         for root in self._roots:
             self.ctx.sum_gradients(root)
+        self._count_gradients()
+
+    def _count_gradients(self) -> None:
+        if self.ctx.active:  # one reduction of every gradient per update (its payload, not the bytes on the wire)
+            self._step_bytes += sum(p.numel() * p.element_size() for p in self._trainable())
+
+    def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """After a step's updates; `full`: the replicas must agree now (first and last step, before an
+        evaluation or a checkpoint). Returns the step's communication metrics (`comm/bytes`)."""
+        sent, self._step_bytes = self._step_bytes, 0
+        return {"comm/bytes": float(sent)} if self.ctx.active else {}
+
+    def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make every rank's weights and optimizer state the same (a no-op where they always are)."""
 
     @contextlib.contextmanager
     def gathered(self, module: nn.Module) -> Iterator[None]:
@@ -139,7 +166,7 @@ class DDPStrategy(Strategy):
             yield
 
     def finish_gradients(self) -> None:
-        pass  # the comm hook summed every bucket during the last backward
+        self._count_gradients()  # the comm hook summed every bucket during the last backward
 
 
 class FSDP2Strategy(Strategy):
@@ -194,7 +221,7 @@ class FSDP2Strategy(Strategy):
                 module.set_requires_gradient_sync(True)
 
     def finish_gradients(self) -> None:
-        pass  # reduce-scatter ran in the last backward; each rank holds its shard of the summed gradient
+        self._count_gradients()  # reduce-scatter ran in the last backward; each rank holds its shard of the summed gradient
 
     @contextlib.contextmanager
     def gathered(self, module: nn.Module) -> Iterator[None]:
@@ -225,9 +252,15 @@ def unwrap(module: nn.Module) -> nn.Module:
     return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
 
 
-def build_strategy(name: str, ctx: DistContext, precision: PrecisionPolicy) -> Strategy:
+def build_strategy(config: "ParallelConfig", ctx: DistContext, precision: PrecisionPolicy) -> Strategy:
+    """The strategy of `parallel.strategy`; one process: every strategy is the plain model."""
+    name = config.strategy
     if name not in STRATEGIES:
         raise ScaleRLError(f"parallel.strategy: unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
-    if name == "none" or not ctx.active:  # one process: every strategy is the plain model
+    if name == "none" or not ctx.active:
         return Strategy(ctx, precision)
+    if name == "dynamic":
+        from scalerl.distributed.dynamic_sharding import DynamicSharding
+
+        return DynamicSharding(ctx, precision, config.param_groups, sync_moments=config.sync_moments)
     return DDPStrategy(ctx, precision) if name == "ddp" else FSDP2Strategy(ctx, precision)

@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -160,6 +161,18 @@ def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, extra: di
     return {"model": weights, "optim": optim}
 
 
+def _unwrapped(fn: Callable[[], Any]) -> Any:
+    """Run a DCP call; its CheckpointException (a BaseException that wraps each rank's error) becomes the
+    first rank's own error, so a full disk is an OSError and a damaged shard an ordinary exception."""
+    try:
+        with warnings.catch_warnings():  # one process: DCP says each time that it runs without a process group
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            return fn()
+    except dcp.api.CheckpointException as err:
+        exc, _trace = next(iter(err.failures.values()))
+        raise exc from None
+
+
 def _full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """The consolidated weights on rank 0's CPU (a collective: every rank calls it; others get {})."""
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -196,7 +209,7 @@ def save_checkpoint(
         tmp.mkdir()
 
     def shards() -> None:  # every rank: its shards (DCP's coordinator, rank 0, commits .metadata), its RNG streams
-        dcp.save(_sharded_state(model, optimizer, extra_modules), checkpoint_id=tmp / "dcp", no_dist=not ctx.active)
+        _unwrapped(lambda: dcp.save(_sharded_state(model, optimizer, extra_modules), checkpoint_id=tmp / "dcp", no_dist=not ctx.active))
         torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt")
 
     exports: dict[str, dict[str, torch.Tensor]] = {}
@@ -273,7 +286,7 @@ def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, o
     extra_modules = extra_modules or {}
     if (folder / "dcp").is_dir():
         state = _sharded_state(model, optimizer, extra_modules)  # the layout to fill: this run's shards
-        dcp.load(state, checkpoint_id=folder / "dcp", no_dist=not ctx.active)
+        _unwrapped(lambda: dcp.load(state, checkpoint_id=folder / "dcp", no_dist=not ctx.active))
         set_state_dict(_modules(model, extra_modules), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     else:  # a checkpoint of an earlier version: one process's files
         load_model_weights(model, folder, skip=set(extra_modules))

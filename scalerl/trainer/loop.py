@@ -146,6 +146,8 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
               if ctx.is_main else NullLogger())
     console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start_step)
     console.print(describe(learner.precision, learner.policy, learner.component_bytes(expected=True)))
+    if ctx.active:
+        console.print(learner.parallel.describe())
     if resume:
         console.print(f"resumed from step {start_step} in {run_dir}")
     health = HealthGuard(config.health, rollout, learner, run_dir, console.print, resume_after=start_step if resume else None,
@@ -207,15 +209,21 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
     for step in range(start_step + 1, config.train.steps + 1):
         if (signum := stop.requested(learner.ctx)) is not None:
             if saved != step - 1:
+                learner.parallel.synchronize(learner.optimizer)  # replicas that sync by groups may differ mid-interval
                 checkpoint(step - 1)
             raise Stopped(signum, step - 1, str(run_dir / "checkpoints" / f"step_{step - 1:07d}") if step > 1 else None)
         threads = share.update() if share is not None else torch.get_num_threads()
         metrics = train_step(rollout, learner, step)
+        final = step == config.train.steps
+        evaluating = final or bool(config.eval.every and step % config.eval.every == 0)
+        saving = bool(config.checkpoint.every and step % config.checkpoint.every == 0) or (final and config.checkpoint.save_final)
+        # replicas that average by groups (dynamic sharding) agree on the first and last step and before an evaluation or a save
+        metrics.update(learner.parallel.end_of_step(step, step == 1 or evaluating or saving, learner.optimizer))
         metrics["threads"] = threads
         train_time += metrics["step_time_s"]
         train_tokens += metrics["tokens"]
         metrics.update(health.check(step, metrics))  # events and responses (scalerl/trainer/recovery.py)
-        if step == config.train.steps or (config.eval.every and step % config.eval.every == 0):
+        if evaluating:
             eval_start = time.perf_counter()
             state["last_pass_rate"] = metrics["eval/pass_rate"] = evaluate(config, rollout, step)
             metrics["eval_time_s"] = time.perf_counter() - eval_start
@@ -227,8 +235,7 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
         logger.log(step, metrics)
         console.step(step, metrics)
         state.update(step=step, train_time_s=train_time, train_tokens=train_tokens)
-        final = step == config.train.steps
-        if (config.checkpoint.every and step % config.checkpoint.every == 0) or (final and config.checkpoint.save_final):
+        if saving:
             save_start = time.perf_counter()
             checkpoint(step)
             save_time += time.perf_counter() - save_start

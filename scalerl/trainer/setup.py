@@ -157,7 +157,7 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
     # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
     reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
-    parallel = build_strategy(config.parallel.strategy, ctx, config.precision_policy)
+    parallel = build_strategy(config.parallel, ctx, config.precision_policy)
     policy_forward = parallel.wrap(CompletionModel(policy))
     reference_forward = parallel.wrap(CompletionModel(reference), trainable=False) if reference is not None else None
     critic = parallel.wrap(critic) if critic is not None else None

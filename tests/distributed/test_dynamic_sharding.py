@@ -1,0 +1,99 @@
+"""Dynamic sharding: the source's default groups, and 2 gloo ranks that step on their own gradients
+and average each group exactly at its interval (and everything at full synchronisations)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import tiny_overrides
+from ranks import free_port, global_batch, scored
+from scalerl.config import DEFAULT_PARAM_GROUPS, ParamGroupConfig
+from scalerl.distributed.context import DistContext
+from scalerl.distributed.dynamic_sharding import resolve_groups
+
+
+def _builtin():
+    from transformers import AutoModelForCausalLM
+
+    from scalerl.models.paths import builtin_model_dir
+
+    return AutoModelForCausalLM.from_pretrained(builtin_model_dir(), dtype=torch.float32)
+
+
+def test_default_groups_follow_the_sources_sensitivity_split():
+    model = _builtin()
+    last = model.config.num_hidden_layers - 1
+    groups = resolve_groups(list(model.named_parameters()), [ParamGroupConfig(**g) for g in DEFAULT_PARAM_GROUPS], last)
+    where = {id(p): g.name for g in groups for p in g.params}
+    name_of = dict(model.named_parameters())
+    group = {n: where[id(p)] for n, p in name_of.items()}
+    assert [g.name for g in groups] == ["sensitive", "mid", "embedding"]  # no parameter left over
+    assert group["model.layers.0.self_attn.o_proj.weight"] == group[f"model.layers.{last}.mlp.down_proj.weight"] == "sensitive"
+    assert group["model.layers.0.mlp.down_proj.weight"] == group["model.layers.1.self_attn.q_proj.weight"] == "mid"
+    assert group["model.embed_tokens.weight"] == group["lm_head.weight"] == "embedding"
+    assert group["model.norm.weight"] == group["model.layers.2.input_layernorm.weight"] == "sensitive"
+    # what nothing matches goes to `rest`, every step
+    only = resolve_groups(list(model.named_parameters()), [ParamGroupConfig(name="attn", params=["*.self_attn.*"], sync_interval=3)], last)
+    assert [(g.name, g.sync_interval) for g in only] == [("attn", 3), ("rest", 1)]
+    assert len(only[0].params) == 4 * model.config.num_hidden_layers
+
+
+GROUPS = [{"name": "attn", "params": ["*.self_attn.*"], "sync_interval": 2},
+          {"name": "mlp", "params": ["*.mlp.*"], "sync_interval": 3}]
+PROBE = {"attn": "model.layers.1.self_attn.v_proj.weight", "mlp": "model.layers.2.mlp.up_proj.weight",
+         "rest": "model.embed_tokens.weight"}
+STEPS = 7  # full synchronisations at steps 1 and 7
+
+
+def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
+    from scalerl.config import load_config
+    from scalerl.models.loading import load_model
+    from scalerl.trainer.setup import build_learner
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    config = load_config(overrides=tiny_overrides(runs, "dyn", **{"rollout.prompts_per_step": 2, "parallel.strategy": "dynamic",
+                                                                  "parallel.param_groups": GROUPS, "optim.lr": 1e-2}))
+    learner = build_learner(config, DistContext(rank=rank, world_size=2), load_model(config.model, torch.device("cpu")))
+    params = dict(learner.policy.named_parameters())
+    log = []
+    for step in range(1, STEPS + 1):
+        learner.learn(scored(batch, [2 * rank, 2 * rank + 1]), step)  # each rank its own prompts
+        before = {g: params[n].detach().clone() for g, n in PROBE.items()}
+        metrics = learner.parallel.end_of_step(step, step in (1, STEPS), learner.optimizer)
+        after = {g: params[n].detach().clone() for g, n in PROBE.items()}
+        moment = learner.optimizer.state[params[PROBE["mlp"]]]["exp_avg"].clone()
+        log.append((before, after, moment, metrics))
+    everyone = [None, None]
+    dist.all_gather_object(everyone, log)
+    if rank == 0:
+        torch.save(everyone, out)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_average_each_group_at_its_interval(tmp_path):
+    batch, out = str(tmp_path / "batch.pt"), str(tmp_path / "log.pt")
+    global_batch(batch)
+    mp.spawn(_ranks, args=(free_port(), tmp_path / "runs", batch, out), nprocs=2, join=True)
+    r0, r1 = torch.load(out, weights_only=False)
+    sizes = {}
+    for step, ((b0, a0, m0, metrics), (b1, a1, m1, _)) in enumerate(zip(r0, r1), start=1):
+        full = step in (1, STEPS)
+        for g, interval in (("attn", 2), ("mlp", 3), ("rest", 1)):
+            due = full or step % interval == 0
+            assert not torch.equal(b0[g], b1[g]), (step, g)  # the ranks learned from different prompts
+            if due:  # averaged: both ranks hold the mean of what they had
+                assert torch.equal(a0[g], a1[g]) and torch.allclose(a0[g], (b0[g] + b1[g]) / 2, atol=1e-7), (step, g)
+                sizes.setdefault((g, full), set()).add(metrics[f"comm/bytes/{g}"])
+            else:
+                assert torch.equal(a0[g], b0[g]) and metrics[f"comm/bytes/{g}"] == 0, (step, g)
+        assert metrics["comm/bytes"] == pytest.approx(sum(v for k, v in metrics.items() if k.startswith("comm/bytes/")))
+        assert torch.equal(m0, m1) == full, step  # moments averaged at full synchronisations only (sync_moments off)
+    for g in ("attn", "mlp", "rest"):  # one payload per group; a full synchronisation adds its two AdamW moments
+        (periodic,), (full_sync,) = sizes[(g, False)], sizes[(g, True)]
+        assert periodic > 0 and full_sync == 3 * periodic, g
+    assert sizes[("mlp", False)] == {4 * 3 * 128 * 512 * 4}  # 4 layers x gate/up/down x 128 x 512 float32
