@@ -9,10 +9,11 @@ No torch import here, so `scalerl --help` and `--dry-run` stay instant.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -482,6 +483,41 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# The source's table of cluster sizes (000 §4.1): tokens per global batch, gradient accumulation
+# (micro-batches per optimizer update) and how the ranks synchronise.
+CLUSTER_PRESETS: dict[str, dict[str, Any]] = {
+    "1-4": {"tokens": 2_000_000, "accumulation": 8, "strategy": "ddp"},  # full synchronisation
+    "4-8": {"tokens": 1_000_000, "accumulation": 16, "strategy": "dynamic"},  # layered: the default param_groups
+    "8+": {"tokens": 500_000, "accumulation": 32, "strategy": "dynamic"},  # grouped (the all-reduces are not overlapped yet)
+}
+
+
+def cluster_nodes(environ: Mapping[str, str]) -> int:
+    """Nodes of a torchrun job: WORLD_SIZE / LOCAL_WORLD_SIZE (1 outside torchrun)."""
+    world, local = int(environ.get("WORLD_SIZE", "1")), int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1")))
+    return max(1, world // max(local, 1))
+
+
+def cluster_values(preset: str, data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """The keys `cluster_preset` sets: rollout.prompts_per_step (per rank) so that the global batch holds about
+    the preset's tokens, counted as completions x rollout.max_new_tokens (generated tokens, an upper bound);
+    train.micro_batch_size so that an update accumulates the preset's micro-batches; parallel.strategy."""
+    if preset == "auto":
+        nodes = cluster_nodes(environ)
+        preset = "1-4" if nodes <= 4 else "4-8" if nodes <= 8 else "8+"
+    chosen = CLUSTER_PRESETS[preset]
+    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
+    fields = RolloutConfig.model_fields
+    group = int(rollout.get("group_size", fields["group_size"].default))
+    new_tokens = int(rollout.get("max_new_tokens", fields["max_new_tokens"].default))
+    world, accumulation = int(environ.get("WORLD_SIZE", "1")), chosen["accumulation"]
+    prompts = max(1, math.ceil(chosen["tokens"] / (world * group * new_tokens)))
+    step = accumulation // math.gcd(accumulation, group)  # prompts x group divisible by the accumulation
+    prompts = int(rollout.get("prompts_per_step", math.ceil(prompts / step) * step))  # yours wins, and sets the micro-batch
+    return {"rollout": {"prompts_per_step": prompts}, "train": {"micro_batch_size": prompts * group // accumulation},
+            "parallel": {"strategy": chosen["strategy"]}}
+
+
 def _group_relative(algo: BaseModel) -> bool:
     """Whether the advantages are relative to the prompt's own group (0 for a group of one)."""
     return algo.name in ("grpo", "cispo", "rloo") or (algo.name == "reinforce_pp" and algo.baseline == "group")
@@ -499,6 +535,9 @@ class Config(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     preset: Literal["scalerl"] | None = Field(None, description="scalerl: the ScaleRL recipe's defaults (see PRESETS); your own keys still win.")
+    cluster_preset: Literal["none", "auto", "1-4", "4-8", "8+"] = Field(
+        "none", description="The source's batch and sync per cluster size (CLUSTER_PRESETS; auto: nodes from torchrun's WORLD_SIZE / "
+                            "LOCAL_WORLD_SIZE): sets rollout.prompts_per_step, train.micro_batch_size and parallel.strategy; your own keys still win.")
     algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -539,6 +578,13 @@ class Config(_Section):
         if precision.setdefault("mode", LEGACY_PRECISION[old]) != LEGACY_PRECISION[old]:
             raise ValueError(f"train.precision={old} and precision.mode={precision['mode']} disagree; give only precision.mode")
         return {**data, "train": train, "precision": precision}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_cluster_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("cluster_preset") in (None, "none") or data["cluster_preset"] not in (*CLUSTER_PRESETS, "auto"):
+            return data  # an unknown name is the schema's to report
+        return _merge(cluster_values(data["cluster_preset"], data, os.environ), data)
 
     @model_validator(mode="before")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -44,6 +45,9 @@ def train(
         overrides.append(f"train.steps={steps}")
     if metrics_port is not None:
         overrides.append(f"log.metrics_port={metrics_port}")
+    if nproc > 1 and dry_run:  # resolve what depends on the world size (cluster_preset) as the ranks will
+        os.environ.setdefault("WORLD_SIZE", str(nproc))
+        os.environ.setdefault("LOCAL_WORLD_SIZE", str(nproc))
     if nproc > 1 and not dry_run:
         argv = [*(["--config", str(config)] if config else []), *(a for v in overrides for a in ("--set", v)),
                 *(["--resume"] if resume else []), *(["--overwrite"] if overwrite else []), *(["--debug"] if debug else [])]
@@ -53,6 +57,35 @@ def train(
 
 
 app.command("report")(report)
+
+
+@app.command("auto-shard")
+def auto_shard(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="The run's YAML config (its model, data and batch are profiled)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one key (repeatable)."),
+    steps: int = typer.Option(20, "--steps", min=2, help="Training steps to profile (one process, a scratch run folder)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write the parallel: section here (YAML, the report as comments); default: print it."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Profile how fast each parameter moves over K steps and write dynamic sharding's param_groups (source 000 §2.1)."""
+
+    def go() -> None:
+        from scalerl.checks import check_config
+        from scalerl.config import load_config
+        from scalerl.trainer.auto_shard import assign_intervals, param_groups_yaml, profile
+
+        cfg = check_config(load_config(config, list(set_)))
+        profiles = profile(cfg, steps)
+        text = param_groups_yaml(profiles, assign_intervals(profiles), steps)
+        if out is None:
+            print(text, end="")
+            return
+        out.write_text(text)
+        print("".join(line[2:] + "\n" for line in text.splitlines() if line.startswith("# ")), end="")
+        print(f"wrote {out}: use it with scalerl train --config {out} (with your own config's keys beside it)")
+
+    setup_logging()
+    run_guarded(go, debug)
 
 
 @app.command("train-rm")

@@ -26,15 +26,16 @@ taken from that norm, agree across ranks without an extra collective.
     dynamic the source's dynamic sharding (scalerl/distributed/dynamic_sharding.py): no gradient
            sync; groups of parameters averaged every few steps (local SGD)
 
-`comm/bytes` (logged every step at world size > 1) is the payload this rank reduced: every
-gradient once per update for none/ddp/fsdp2 (FSDP2's parameter all-gathers not counted), the
-averaged groups for dynamic.
+`comm/bytes` (logged every step at world size > 1) is the payload this rank reduced: DDP's buckets
+as its comm hook sent them (so a micro-batch that failed to skip the sync shows), every gradient
+once per update for none and fsdp2 (FSDP2's parameter all-gathers not counted), the averaged
+groups for dynamic.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -45,9 +46,6 @@ from scalerl.errors import ScaleRLError
 from scalerl.models.logprobs import CompletionForward, completion_forward
 from scalerl.plan import PrecisionPolicy
 from scalerl.types import Rollout
-
-if TYPE_CHECKING:
-    from scalerl.config import ParallelConfig
 
 STRATEGIES = ("none", "ddp", "fsdp2", "dynamic")
 
@@ -135,10 +133,12 @@ class Strategy:
         return f"parallel: {self.name}, world size {self.ctx.world_size}"
 
 
-def _sum_buckets(_state, bucket):  # no annotations: DDP checks them, and this module's are strings
-    """DDP comm hook: all-reduce each gradient bucket (a dist.GradBucket) with SUM; DDP's own default
-    divides by the world size. Returns the future of the reduced buffer."""
-    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+def _sum_buckets(strategy, bucket):  # no annotations: DDP checks them, and this module's are strings
+    """DDP comm hook: all-reduce each gradient bucket (a dist.GradBucket) with SUM (DDP's own default
+    divides by the world size), counting its bytes on `strategy`. Returns the reduced buffer's future."""
+    buffer = bucket.buffer()
+    strategy._step_bytes += buffer.numel() * buffer.element_size()
+    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
 class DDPStrategy(Strategy):
@@ -153,7 +153,7 @@ class DDPStrategy(Strategy):
             return module
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
-        ddp.register_comm_hook(None, _sum_buckets)
+        ddp.register_comm_hook(self, _sum_buckets)
         self._ddp.append(ddp)
         return ddp
 
@@ -166,7 +166,7 @@ class DDPStrategy(Strategy):
             yield
 
     def finish_gradients(self) -> None:
-        self._count_gradients()  # the comm hook summed every bucket during the last backward
+        pass  # the comm hook summed (and counted) every bucket during the last backward
 
 
 class FSDP2Strategy(Strategy):
@@ -250,17 +250,3 @@ class FSDP2Strategy(Strategy):
 def unwrap(module: nn.Module) -> nn.Module:
     """The module inside a DDP wrapper (FSDP2 wraps in place: its module is itself)."""
     return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
-
-
-def build_strategy(config: "ParallelConfig", ctx: DistContext, precision: PrecisionPolicy) -> Strategy:
-    """The strategy of `parallel.strategy`; one process: every strategy is the plain model."""
-    name = config.strategy
-    if name not in STRATEGIES:
-        raise ScaleRLError(f"parallel.strategy: unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}")
-    if name == "none" or not ctx.active:
-        return Strategy(ctx, precision)
-    if name == "dynamic":
-        from scalerl.distributed.dynamic_sharding import DynamicSharding
-
-        return DynamicSharding(ctx, precision, config.param_groups, sync_moments=config.sync_moments)
-    return DDPStrategy(ctx, precision) if name == "ddp" else FSDP2Strategy(ctx, precision)

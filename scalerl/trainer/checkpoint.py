@@ -8,7 +8,7 @@ previous checkpoint is untouched. Deletion (rotation, keeping `keep_last`, only 
 is complete) first renames a folder to `step_NNNNNNN.deleting`, so no marked folder is ever partial.
 
 Resume takes the newest checkpoint that verifies: its manifest's sizes and hashes match and it
-loads. A damaged one (truncated weights, a lost optimizer.pt, a garbled trainer_state.json) is
+loads. A damaged one (truncated weights, a lost DCP shard, a garbled trainer_state.json) is
 renamed `step_NNNNNNN.damaged`, kept for inspection, and named in a warning; the run resumes from
 the next older one. Leftover `.tmp` and `.deleting` folders of a killed run are removed on resume.
 

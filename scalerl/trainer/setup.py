@@ -16,7 +16,8 @@ import yaml
 from scalerl.algorithms.kl_control import KLController
 from scalerl.config import Config, dump_config
 from scalerl.distributed.context import DistContext
-from scalerl.distributed.parallel import CompletionModel, build_strategy
+from scalerl.distributed.build import build_strategy
+from scalerl.distributed.parallel import CompletionModel
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import attention_choice, attention_used

@@ -46,6 +46,7 @@ def _learn(ctx, runs, overrides, batch):
 
     learner.optimizer.step = recording_step
     metrics = learner.learn(batch, 1)
+    metrics.update(learner.parallel.end_of_step(1, True, learner.optimizer))
     return applied, [p.detach().clone() for p in learner.policy.parameters()], metrics
 
 
@@ -86,6 +87,9 @@ def test_two_gloo_ranks_learn_exactly_what_one_process_learns(tmp_path, strategy
         assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(a, b)), f"update {update}"
     assert all(torch.allclose(x, y, atol=1e-6, rtol=1e-4) for x, y in zip(ranks_weights, weights))
     assert ranks_metrics["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
+    # one reduction of every gradient per update: DDP's hook counts what it sent, so a micro-batch
+    # that did not skip its sync (no_sync) would double it
+    assert ranks_metrics["comm/bytes"] == 4 * sum(w.numel() * w.element_size() for w in weights)
     assert any(not torch.equal(x, y) for x, y in zip(weights, _learn(DistContext(), tmp_path / "runs", SINGLE,
                                                                      scored(path, [0, 1, 2, 3]))[1]))  # the order matters
 
