@@ -90,6 +90,7 @@ def rank_main(rank: int, world: int, port: int, strategy: str, folder: str, step
               "moment_bytes": local_bytes(moments), "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     Path(out, f"{strategy}_{world}_{rank}.json").write_text(json.dumps(result))
     if world > 1:
+        dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
         dist.destroy_process_group()
 
 

@@ -202,6 +202,8 @@ class FSDP2Strategy(Strategy):
         for layer in decoder_layers(inner) if isinstance(module, CompletionModel) or hasattr(inner, "backbone") else []:
             fully_shard(layer, **options)
         fully_shard(module, **options)
+        if trainable:
+            self._roots.append(module)
         for m in module.modules():
             if hasattr(m, "set_gradient_divide_factor"):  # per FSDP module (not recursive)
                 m.set_gradient_divide_factor(1.0)  # the loss is already divided by the global count: sum, not mean

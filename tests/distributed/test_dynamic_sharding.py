@@ -72,6 +72,7 @@ def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     dist.all_gather_object(everyone, log)
     if rank == 0:
         torch.save(everyone, out)
+    dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
     dist.destroy_process_group()
 
 

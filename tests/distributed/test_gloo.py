@@ -63,6 +63,7 @@ def _worker(rank: int, port: int, runs, path: str, out: str, strategy: str) -> N
     result = [_full(g) for g in grads], _full(weights), metrics
     if rank == 0:
         torch.save(result, out)
+    dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
     dist.destroy_process_group()
 
 

@@ -65,6 +65,7 @@ def _ranks(rank: int, port: int, runs, batch: str, folder, out: str, mode: str) 
     state = _full_state(learner)
     if rank == 0:
         torch.save(state, out)
+    dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
     dist.destroy_process_group()
 
 
