@@ -328,8 +328,8 @@ class ParallelConfig(_Section):
         default_factory=lambda: [ParamGroupConfig(**g) for g in DEFAULT_PARAM_GROUPS],
         description="dynamic: the groups and their sync intervals (`scalerl auto-shard` writes them from a profile); parameters no "
                     "group matches are averaged every step.")
-    sync_moments: bool = Field(False, description="dynamic: average each group's AdamW moments with its parameters (at full "
-                                                  "synchronisations they are averaged anyway).")
+    sync_moments: bool = Field(False, description="dynamic: average each group's AdamW moments with its parameters every time (before "
+                                                  "a checkpoint they are averaged anyway).")
 
     @model_validator(mode="after")
     def _unique_names(self) -> "ParallelConfig":

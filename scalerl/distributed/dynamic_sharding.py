@@ -3,9 +3,10 @@
 Every rank steps its own optimizer every step on its own gradient (no gradient all-reduce); the
 parameters of each group in `parallel.param_groups` are averaged over the ranks every
 `sync_interval` steps (local SGD per group), their AdamW moments too with `parallel.sync_moments`.
-Every group (parameters and moments) is averaged on the first and the last step and before every
-evaluation and checkpoint, so what is evaluated and saved is one model. Parameters no group
-matches form the group `rest`, averaged every step.
+Every group is averaged on the first and the last step and before every evaluation and
+checkpoint, so what is evaluated and saved is one model; before a checkpoint the AdamW moments
+too, so that the saved optimizer state is one (a resume continues every rank from it). Parameters
+no group matches form the group `rest`, averaged every step.
 
 A rank's loss is divided by the global batch's count (the learner's convention), so its gradient
 is about 1/N of its own batch's mean gradient; it is multiplied by the world size before the step.
@@ -89,11 +90,11 @@ class DynamicSharding(Strategy):
         parts = ", ".join(f"{g.name} every {g.sync_interval} ({g.bytes / 2**20:.2f} MiB)" for g in self.groups)
         return f"parallel: dynamic sharding over {self.ctx.world_size} ranks: {parts}"
 
-    def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer, moments: bool = False) -> dict[str, float]:
         metrics: dict[str, float] = {}
         for g in self.groups:
             due = full or step % g.sync_interval == 0
-            metrics[f"comm/bytes/{g.name}"] = float(self._average(g, optimizer, moments=full or self.sync_moments) if due else 0)
+            metrics[f"comm/bytes/{g.name}"] = float(self._average(g, optimizer, moments=moments or self.sync_moments) if due else 0)
         metrics["comm/bytes"] = sum(metrics.values())
         return metrics
 

@@ -108,9 +108,10 @@ class Strategy:
         if self.ctx.active:  # one reduction of every gradient per update (its payload, not the bytes on the wire)
             self._step_bytes += sum(p.numel() * p.element_size() for p in self._trainable())
 
-    def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer) -> dict[str, float]:
-        """After a step's updates; `full`: the replicas must agree now (first and last step, before an
-        evaluation or a checkpoint). Returns the step's communication metrics (`comm/bytes`)."""
+    def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer, moments: bool = False) -> dict[str, float]:
+        """After a step's updates; `full`: the replicas' weights must agree now (first and last step, before
+        an evaluation or a checkpoint), `moments`: their optimizer states too (before a checkpoint).
+        Returns the step's communication metrics (`comm/bytes`)."""
         sent, self._step_bytes = self._step_bytes, 0
         return {"comm/bytes": float(sent)} if self.ctx.active else {}
 

@@ -217,8 +217,9 @@ def _steps(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Pa
         final = step == config.train.steps
         evaluating = final or bool(config.eval.every and step % config.eval.every == 0)
         saving = bool(config.checkpoint.every and step % config.checkpoint.every == 0) or (final and config.checkpoint.save_final)
-        # replicas that average by groups (dynamic sharding) agree on the first and last step and before an evaluation or a save
-        metrics.update(learner.parallel.end_of_step(step, step == 1 or evaluating or saving, learner.optimizer))
+        # replicas that average by groups (dynamic sharding) agree on the first and last step and before an evaluation
+        # or a save; a save keeps one optimizer state too
+        metrics.update(learner.parallel.end_of_step(step, step == 1 or evaluating or saving, learner.optimizer, moments=saving))
         metrics["threads"] = threads
         train_time += metrics["step_time_s"]
         train_tokens += metrics["tokens"]

@@ -64,7 +64,7 @@ def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     for step in range(1, STEPS + 1):
         learner.learn(scored(batch, [2 * rank, 2 * rank + 1]), step)  # each rank its own prompts
         before = {g: params[n].detach().clone() for g, n in PROBE.items()}
-        metrics = learner.parallel.end_of_step(step, step in (1, STEPS), learner.optimizer)
+        metrics = learner.parallel.end_of_step(step, step in (1, STEPS), learner.optimizer, moments=step == STEPS)
         after = {g: params[n].detach().clone() for g, n in PROBE.items()}
         moment = learner.optimizer.state[params[PROBE["mlp"]]]["exp_avg"].clone()
         log.append((before, after, moment, metrics))
@@ -89,12 +89,12 @@ def test_two_ranks_average_each_group_at_its_interval(tmp_path):
             assert not torch.equal(b0[g], b1[g]), (step, g)  # the ranks learned from different prompts
             if due:  # averaged: both ranks hold the mean of what they had
                 assert torch.equal(a0[g], a1[g]) and torch.allclose(a0[g], (b0[g] + b1[g]) / 2, atol=1e-7), (step, g)
-                sizes.setdefault((g, full), set()).add(metrics[f"comm/bytes/{g}"])
+                sizes.setdefault((g, step == STEPS), set()).add(metrics[f"comm/bytes/{g}"])
             else:
                 assert torch.equal(a0[g], b0[g]) and metrics[f"comm/bytes/{g}"] == 0, (step, g)
         assert metrics["comm/bytes"] == pytest.approx(sum(v for k, v in metrics.items() if k.startswith("comm/bytes/")))
-        assert torch.equal(m0, m1) == full, step  # moments averaged at full synchronisations only (sync_moments off)
-    for g in ("attn", "mlp", "rest"):  # one payload per group; a full synchronisation adds its two AdamW moments
-        (periodic,), (full_sync,) = sizes[(g, False)], sizes[(g, True)]
-        assert periodic > 0 and full_sync == 3 * periodic, g
+        assert torch.equal(m0, m1) == (step == STEPS), step  # moments averaged before a save only (sync_moments off)
+    for g in ("attn", "mlp", "rest"):  # one payload per group; the synchronisation before a save adds its two AdamW moments
+        (periodic,), (with_moments,) = sizes[(g, False)], sizes[(g, True)]
+        assert periodic > 0 and with_moments == 3 * periodic, g
     assert sizes[("mlp", False)] == {4 * 3 * 128 * 512 * 4}  # 4 layers x gate/up/down x 128 x 512 float32

@@ -23,7 +23,7 @@ from scalerl.distributed.context import DistContext
 # mini-batch k is the union of the ranks' mini-batch k. Two epochs, so the later updates start from
 # weights the earlier ones changed (old log-probs recomputed); a KL penalty; batch-level reward
 # scaling, whose std must be the global batch's.
-LEARN = {"train.epochs": 2, "algorithm.scale_rewards": "batch", "algorithm.kl.beta": 0.05, "algorithm.clip_eps_high": 0.28}
+LEARN = {"train.epochs": 2, "algorithm.kl.beta": 0.05, "algorithm.clip_eps_high": 0.28}
 RANK = {"rollout.prompts_per_step": 2, "train.mini_batch_size": 4, "train.micro_batch_size": 2}
 SINGLE = {"rollout.prompts_per_step": 4, "train.mini_batch_size": 8, "train.micro_batch_size": 4}
 SINGLE_ORDER = [0, 2, 1, 3]  # groups: rank 0 holds groups 0 and 1, rank 1 groups 2 and 3
@@ -39,15 +39,16 @@ def _learn(ctx, runs, overrides, batch):
     config = load_config(overrides=tiny_overrides(runs, "learn", **{**LEARN, **overrides}))
     learner = build_learner(config, ctx, load_model(config.model, ctx.device))
     applied, step = [], learner.optimizer.step
+    params = [p for group in learner.optimizer.param_groups for p in group["params"]]  # the policy's, and PPO's critic's
 
     def recording_step(*a, **k):
-        applied.append([p.grad.clone() for p in learner.policy.parameters()])  # summed over ranks and clipped
+        applied.append([p.grad.clone() for p in params])  # summed over ranks and clipped
         return step(*a, **k)
 
     learner.optimizer.step = recording_step
     metrics = learner.learn(batch, 1)
     metrics.update(learner.parallel.end_of_step(1, True, learner.optimizer))
-    return applied, [p.detach().clone() for p in learner.policy.parameters()], metrics
+    return applied, [p.detach().clone() for p in params], metrics
 
 
 def _full(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -55,11 +56,15 @@ def _full(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.full_tensor() if hasattr(t, "full_tensor") else t for t in tensors]
 
 
-def _worker(rank: int, port: int, runs, path: str, out: str, strategy: str) -> None:
+# PPO with a value head: the critic is a module of its own that every strategy wraps too; advantages whitened over all ranks
+ALGORITHMS = {"grpo": {"algorithm.scale_rewards": "batch"}, "ppo": {"algorithm.name": "ppo", "algorithm.critic": "head"}}
+
+
+def _worker(rank: int, port: int, runs, path: str, out: str, strategy: str, algo: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ctx = DistContext(rank=rank, world_size=2)
-    grads, weights, metrics = _learn(ctx, runs, {**RANK, "parallel.strategy": strategy}, scored(path, [2 * rank, 2 * rank + 1]))
+    grads, weights, metrics = _learn(ctx, runs, {**RANK, **algo, "parallel.strategy": strategy}, scored(path, [2 * rank, 2 * rank + 1]))
     result = [_full(g) for g in grads], _full(weights), metrics
     if rank == 0:
         torch.save(result, out)
@@ -67,19 +72,19 @@ def _worker(rank: int, port: int, runs, path: str, out: str, strategy: str) -> N
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "none"])
-def test_two_gloo_ranks_learn_exactly_what_one_process_learns(tmp_path, strategy):
+@pytest.mark.parametrize("strategy, algo", [("ddp", "grpo"), ("fsdp2", "grpo"), ("none", "grpo"), ("ddp", "ppo"), ("fsdp2", "ppo")])
+def test_two_gloo_ranks_learn_exactly_what_one_process_learns(tmp_path, strategy, algo):
     """`Learner.learn` under 2 gloo processes equals 1 process on the same global batch: every update's
     gradient, the final weights and the grad norms, to float tolerance; with DDP (a summing comm hook),
     FSDP2 (sharded parameters, gradients and moments; a SUM reduce-scatter) and plain modules."""
     path, out = str(tmp_path / "batch.pt"), str(tmp_path / "ranks.pt")
     global_batch(path)
-    mp.spawn(_worker, args=(free_port(), tmp_path / "runs", path, out, strategy), nprocs=2, join=True)
+    mp.spawn(_worker, args=(free_port(), tmp_path / "runs", path, out, strategy, ALGORITHMS[algo]), nprocs=2, join=True)
     ranks_grads, ranks_weights, ranks_metrics = torch.load(out, weights_only=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks: a matmul split over 2 threads rounds differently (~1e-5 relative)
     try:
-        grads, weights, metrics = _learn(DistContext(), tmp_path / "runs", SINGLE, scored(path, SINGLE_ORDER))
+        grads, weights, metrics = _learn(DistContext(), tmp_path / "runs", {**SINGLE, **ALGORITHMS[algo]}, scored(path, SINGLE_ORDER))
     finally:
         torch.set_num_threads(threads)
     assert len(grads) == len(ranks_grads) == 4  # 2 epochs x 2 mini-batches
@@ -91,18 +96,19 @@ def test_two_gloo_ranks_learn_exactly_what_one_process_learns(tmp_path, strategy
     # one reduction of every gradient per update: DDP's hook counts what it sent, so a micro-batch
     # that did not skip its sync (no_sync) would double it
     assert ranks_metrics["comm/bytes"] == 4 * sum(w.numel() * w.element_size() for w in weights)
-    assert any(not torch.equal(x, y) for x, y in zip(weights, _learn(DistContext(), tmp_path / "runs", SINGLE,
+    assert any(not torch.equal(x, y) for x, y in zip(weights, _learn(DistContext(), tmp_path / "runs", {**SINGLE, **ALGORITHMS[algo]},
                                                                      scored(path, [0, 1, 2, 3]))[1]))  # the order matters
 
 
 @pytest.mark.slow
 def test_torchrun_two_processes_train_with_rank0_logging(tmp_path):
+    """The plain `torchrun ... -m scalerl.train` form (the flag-style entry point), DDP by default."""
     runs = tmp_path / "runs"
     overrides = tiny_overrides(runs, "ddp", **{"train.steps": 3, "checkpoint.every": 3})
     args = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                           "-m", "scalerl.cli.main", "train", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                           "-m", "scalerl.train", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (runs / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]  # written once, by rank 0
