@@ -85,7 +85,8 @@ def build_adamw(param_groups: list[dict[str, Any]], policy: PrecisionPolicy, *, 
 
 
 def tensor_bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes this process holds: of a sharded tensor (FSDP2's DTensor) its local shard."""
+    return sum((t.to_local() if hasattr(t, "to_local") else t).numel() * t.element_size() for t in tensors)
 
 
 def component_bytes(reference: torch.nn.Module | None, optimizer: torch.optim.Optimizer) -> dict[str, int]:

@@ -5,11 +5,12 @@
                    micro-batches (`micro_step` → `rl_objective`) → version + 1
 
 It owns the policy, the frozen reference, the critic, the optimizer and the lr schedule, gradient
-sync (`parallel`, scalerl/distributed/parallel.py: it runs the models through the strategy's wrapped
-modules and never asks which strategy it is) and precision, and its run-time state (`LearnerState`: version, updates taken, the health
-responses' lr cut and clipping). It never assumes the batch was sampled by its current weights:
-a batch is on-policy when its `policy_version` equals the learner's and it gets exactly one update
-(`BatchPlan.single_update`); only then are π_old's log-probs the detached current ones. Otherwise
+sync (`parallel`, scalerl/distributed/parallel.py: the models run through the strategy's wrapped
+modules, and the learner never asks which strategy it is) and precision, and its run-time state
+(`LearnerState`: version, updates taken, the health responses' lr cut and clipping). It never
+assumes the batch was sampled by its current weights: a batch is on-policy when its
+`policy_version` equals the learner's and it gets exactly one update (`BatchPlan.single_update`);
+only then are π_old's log-probs the detached current ones. Otherwise
 they are recomputed with the current weights before the first update, and the sampler's own
 log-probs enter through the truncated-IS weight and the off-policy mask of the objective.
 """
@@ -234,7 +235,7 @@ class Learner:
         """Finish the sum of gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
         self.parallel.finish_gradients()
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        # The norm is of the summed (global) gradient, so every rank takes the same skip and clip decision.
+        # The strategy's norm (of the summed gradient; dynamic sharding: each rank's own, the skip agreed) gives every rank the same skip.
         grad_norm = self.parallel.grad_norm(params, self.state.max_grad_norm or math.inf)
         if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
             factor = lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale * guard_scale

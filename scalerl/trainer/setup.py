@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -178,12 +179,19 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
                   gather=None) -> RolloutWorker:
     """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
-    embeddings), `gather` its strategy's full-weights context (for sampling a sharded policy)."""
+    embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole)."""
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
     sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather)
-    rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=autocast,
+
+    def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision
+        stack = contextlib.ExitStack()
+        stack.enter_context(gather() if gather is not None else contextlib.nullcontext())
+        stack.enter_context(autocast())
+        return stack
+
+    rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=whole_policy,
                                     ctx=ctx, run_dir=run_dir)
     ro, algo = config.rollout, config.algorithm
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
