@@ -93,3 +93,29 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+def test_max_restarts_resumes_the_run_after_a_rank_is_killed(tmp_path):
+    """`--max-restarts 1`: torchrun restarts both processes after the kill, and they resume the run
+    from its newest checkpoint (TORCHELASTIC_RESTART_COUNT > 0) and finish it."""
+    runs, env = tmp_path / "runs", {**os.environ, "OMP_NUM_THREADS": "1"}
+    root = runs / "killed" / "checkpoints"
+    proc = subprocess.Popen([sys.executable, "-m", "scalerl.cli.main", "train", "--nproc", "2", "--max-restarts", "1",
+                             *_args(runs, 40, **{"log.console": "plain"})], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while (latest_checkpoint(root) is None or int(latest_checkpoint(root).name[5:]) < 4) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        os.kill(_ranks_of(proc.pid)[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    resumed = [int(line.rsplit("resumed from step ", 1)[1].split()[0]) for line in out.splitlines() if "resumed from step " in line]
+    assert resumed and resumed[0] >= 4, out[-3000:]
+    rows = [json.loads(line) for line in (runs / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert json.loads((latest_checkpoint(root) / "trainer_state.json").read_text())["learner"]["updates"] == 40
