@@ -10,6 +10,7 @@ import typer
 
 from scalerl.cli.common import launch, launch_ranks, run_guarded, setup_logging
 from scalerl.cli.estimate import estimate
+from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.predict import predict
 from scalerl.cli.report import report
 
@@ -57,6 +58,8 @@ def train(
 
 
 app.command("report")(report)
+app.command("export")(export)
+app.command("eval")(evaluate)
 
 
 @app.command("auto-shard")

@@ -3,6 +3,7 @@ metric the ScaleRL paper fits its curves to); whole episodes for a multi-turn en
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -28,16 +29,40 @@ def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokeniz
         raise ValueError(f"pass_rate: `seeds` has {len(seeds)} seeds for {len(tasks)} tasks; give one per task")
     mine = list(tasks[ctx.rank:: ctx.world_size])
     my_seeds = None if seeds is None else list(seeds[ctx.rank:: ctx.world_size])
-    total = 0.0
-    for i in range(0, len(mine), batch_size):
-        chunk = mine[i: i + batch_size]
-        chunk_seeds = None if my_seeds is None else my_seeds[i: i + batch_size]
+    sums = task_scores(env, mine, sampler, tokenizer, params, my_seeds, batch_size=batch_size, max_turns=max_turns, scorer=scorer)
+    counts = ctx.sum(torch.tensor([float(sums.sum()), float(len(mine) * params.n)], dtype=torch.float64))
+    return float(counts[0] / counts[1].clamp(min=1))
+
+
+def task_scores(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, params: SamplingParams,
+                seeds: Sequence[int] | None, *, batch_size: int, max_turns: int = 1, scorer: RewardScorer | None = None) -> torch.Tensor:
+    """(len(tasks),) float64: each task's summed correctness over its `params.n` completions."""
+    sums = []
+    for i in range(0, len(tasks), batch_size):
+        chunk = list(tasks[i: i + batch_size])
+        chunk_seeds = None if seeds is None else list(seeds[i: i + batch_size])
         rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, chunk_seeds, max_turns=max_turns)
         # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
-        scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(rollout.group_ids.tolist(), completions)],
-                              dtype=torch.float32)
+        groups = rollout.group_ids.tolist()
+        scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(groups, completions)], dtype=torch.float32)
         if scorer is not None:  # an environment without a verifier: the fused reward, with the configured weights
-            scores = scorer.evaluate(RewardInputs.of(chunk, rollout.group_ids.tolist(), completions, scores))
-        total += float(scores.sum())
-    counts = ctx.sum(torch.tensor([total, float(len(mine) * params.n)], dtype=torch.float64))
-    return float(counts[0] / counts[1].clamp(min=1))
+            scores = scorer.evaluate(RewardInputs.of(chunk, groups, completions, scores))
+        per_task = torch.zeros(len(chunk), dtype=torch.float64).index_add_(0, torch.tensor(groups), scores.double())
+        sums.append(per_task)
+    return torch.cat(sums) if sums else torch.zeros(0, dtype=torch.float64)
+
+
+def confidence_interval(task_means: torch.Tensor, binary: bool, z: float = 1.96) -> tuple[float, float]:
+    """95 % interval of the mean of per-task scores in [0, 1]: Wilson's score interval when every score
+    is one 0/1 verdict, else the normal approximation over the tasks (the independent units; a task's k
+    samples are not independent of each other), clipped to [0, 1]."""
+    n = len(task_means)
+    if n == 0:
+        return 0.0, 1.0
+    mean = float(task_means.mean())
+    if binary:
+        centre = (mean + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(mean * (1 - mean) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return max(0.0, centre - half), min(1.0, centre + half)
+    half = z * (float(task_means.std(unbiased=True)) if n > 1 else 0.5) / math.sqrt(n)
+    return max(0.0, mean - half), min(1.0, mean + half)

@@ -1,0 +1,105 @@
+"""`scalerl export` (a run's policy as a deployable folder) and `scalerl eval` (a pass rate with its interval)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from scalerl.cli.common import run_guarded, setup_logging
+from scalerl.errors import ScaleRLError
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="A run folder of `scalerl train` (its newest intact checkpoint) or one checkpoint folder."),
+    out: Path = typer.Option(..., "--out", "-o", help="The folder to write (loadable with AutoModelForCausalLM.from_pretrained)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32: the dtype of the saved weights."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Export a run's policy: safetensors in --dtype, config, tokenizer, generation config with the run's EOS."""
+
+    def go() -> None:
+        from scalerl.trainer.export import export_model
+
+        folder = export_model(run_dir, out, dtype, overwrite=overwrite, warn=lambda line: print(line, file=sys.stderr))
+        print(f"exported {folder} as {dtype} to {out}")
+
+    setup_logging()
+    run_guarded(go, debug)
+
+
+def evaluate(
+    model: str = typer.Argument(..., help="A model folder, 'builtin', a run folder (its newest intact checkpoint) or a checkpoint folder."),
+    env: Optional[str] = typer.Option(None, "--env", help="Environment (default: the run's, else arithmetic)."),
+    samples: int = typer.Option(1, "--samples", "-k", min=1, help="Completions per task: the pass rate is their mean (mean@k)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Default: 0 (greedy) with -k 1, else 1.0."),
+    max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="Evaluate on at most this many held-out tasks."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="Default: the run's rollout.max_new_tokens."),
+    seed: int = typer.Option(0, "--seed", help="Seeds of sampled completions: derived from (seed, task)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Held-out pass rate (mean@k) of a model or run on an environment, with a 95 % confidence interval."""
+
+    def go() -> None:
+        result = run_eval(model, env, samples, temperature, max_tasks, max_new_tokens, seed)
+        print(f"pass rate {result['pass_rate']:.4f} (95 % CI {result['ci95'][0]:.4f}-{result['ci95'][1]:.4f}) over "
+              f"{result['tasks']} tasks x {samples} samples, env {result['env']}, {result['model']}")
+        if json_out is not None:
+            json_out.write_text(json.dumps(result, indent=1))
+
+    setup_logging()
+    run_guarded(go, debug)
+
+
+def run_eval(model: str, env_name: Optional[str], samples: int, temperature: Optional[float], max_tasks: Optional[int],
+             max_new_tokens: Optional[int], seed: int) -> dict:
+    """The pass rate, its interval and what it was measured on (one process)."""
+    import torch
+
+    from scalerl.config import Config, load_config
+    from scalerl.envs.registry import build_env
+    from scalerl.models.loading import load_model, load_tokenizer
+    from scalerl.rewards.sources import env_has_verifier
+    from scalerl.rollout.hf import HFSampler
+    from scalerl.trainer.checkpoint import MARKER
+    from scalerl.trainer.evaluation import confidence_interval, task_scores
+    from scalerl.trainer.export import resolve_checkpoint
+    from scalerl.types import SamplingParams, derive_seed
+
+    path = Path(model)
+    run_config: Config | None = None
+    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / MARKER).is_file()):
+        run_folder = path if (path / "checkpoints").is_dir() else path.parent.parent
+        if (run_folder / "config.yaml").is_file():
+            run_config = load_config(run_folder / "config.yaml")
+        model = str(resolve_checkpoint(path, warn=lambda line: print(line, file=sys.stderr)))
+    base = run_config or load_config()
+    name = env_name or base.env.name
+    args = base.env.args if name == base.env.name else {}
+    config = load_config(overrides=[f"model.path={model}", f"env.name={name}"])
+    if not env_has_verifier(name):
+        raise ScaleRLError(f"--env {name} has no verifier (its reward is a model's); scalerl eval scores environments that check answers")
+    temp = temperature if temperature is not None else (0.0 if samples == 1 else 1.0)
+    if samples > 1 and temp == 0:
+        raise ScaleRLError("--samples > 1 needs --temperature > 0: greedy decoding gives the same completion every time")
+    environment = build_env(name, args)
+    tasks = environment.eval_tasks()[:max_tasks]
+    tokenizer = load_tokenizer(config.model)
+    policy = load_model(config.model, torch.device("cpu")).eval()
+    sampler = HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
+    params = SamplingParams(max_new_tokens=max_new_tokens or base.rollout.max_new_tokens, temperature=temp, n=samples,
+                            top_p=base.rollout.top_p, top_k=base.rollout.top_k)
+    seeds = [derive_seed(seed, "eval", i) for i in range(len(tasks))] if temp > 0 else None
+    sums = task_scores(environment, tasks, sampler, tokenizer, params, seeds, batch_size=base.eval.batch_size,
+                       max_turns=base.rollout.max_turns)
+    means = sums / samples
+    binary = samples == 1 and bool(((means == 0) | (means == 1)).all())
+    low, high = confidence_interval(means, binary)
+    return {"pass_rate": float(means.mean()) if len(means) else 0.0, "ci95": [low, high], "interval": "wilson" if binary else "normal",
+            "tasks": len(tasks), "samples": samples, "temperature": temp, "env": name, "model": model, "seed": seed,
+            "max_new_tokens": params.max_new_tokens}
