@@ -51,6 +51,9 @@ class EnvConfig(_Section):
     name: str = Field("arithmetic", description="A built-in environment name or a plug-in 'module:Class'.")
     args: dict[str, Any] = Field(default_factory=dict, description="The environment's own options (validated by its Config).")
     shuffle: bool = Field(True, description="Reshuffle the training pool every pass (seeded); False uses it in order.")
+    chat_template: str = Field("auto", description="auto: the tokenizer's chat template when it has one (with the generation prompt), "
+                                                   "else raw prompts; none: raw prompts; or a Jinja template FILE (scalerl/rollout/chat.py).")
+    system_prompt: str | None = Field(None, description="A system message put before every prompt (needs a chat template).")
 
 
 class RolloutConfig(_Section):

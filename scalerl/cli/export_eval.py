@@ -65,6 +65,7 @@ def run_eval(model: str, env_name: Optional[str], samples: int, temperature: Opt
     from scalerl.envs.registry import build_env
     from scalerl.models.loading import load_model, load_tokenizer
     from scalerl.rewards.sources import env_has_verifier
+    from scalerl.rollout.chat import prompt_format
     from scalerl.rollout.hf import HFSampler
     from scalerl.trainer.checkpoint import MARKER
     from scalerl.trainer.evaluation import confidence_interval, task_scores
@@ -91,12 +92,13 @@ def run_eval(model: str, env_name: Optional[str], samples: int, temperature: Opt
     tasks = environment.eval_tasks()[:max_tasks]
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, torch.device("cpu")).eval()
-    sampler = HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=torch.device("cpu"))
+    prompts = prompt_format(base.env.chat_template, base.env.system_prompt, tokenizer)  # the run's, else the defaults
+    sampler = HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=prompts.stop_ids(), device=torch.device("cpu"))
     params = SamplingParams(max_new_tokens=max_new_tokens or base.rollout.max_new_tokens, temperature=temp, n=samples,
                             top_p=base.rollout.top_p, top_k=base.rollout.top_k)
     seeds = [derive_seed(seed, "eval", i) for i in range(len(tasks))] if temp > 0 else None
     sums = task_scores(environment, tasks, sampler, tokenizer, params, seeds, batch_size=base.eval.batch_size,
-                       max_turns=base.rollout.max_turns)
+                       max_turns=base.rollout.max_turns, encode=prompts.encode)
     means = sums / samples
     binary = samples == 1 and bool(((means == 0) | (means == 1)).all())
     low, high = confidence_interval(means, binary)

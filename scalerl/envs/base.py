@@ -58,3 +58,19 @@ class MultiTurnEnvironment(Environment, Protocol):
         """The observation to append after the policy's latest turn (`transcript[-1]`), or None
         when the episode is over. Called only when another policy turn can follow."""
         ...
+
+
+def conversational_prompt(value: object, where: str) -> tuple[str, list[dict[str, str]] | None]:
+    """A data row's prompt: a string, or a list of {role, content} messages (TRL's conversational format).
+    Returns (the text shown in logs and dumps: the last user message for a conversation, the messages or
+    None); the messages go into `Task.meta["messages"]` and through the chat template (scalerl/rollout/chat.py)."""
+    if isinstance(value, str):
+        return value, None
+    if (isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                  and isinstance(m.get("content"), str) for m in value)):
+        messages = [{"role": m["role"], "content": m["content"]} for m in value]
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        return (users[-1] if users else messages[-1]["content"]), messages
+    from scalerl.errors import ScaleRLError
+
+    raise ScaleRLError(f"{where}: a prompt is a string or a list of {{\"role\": ..., \"content\": ...}} messages")

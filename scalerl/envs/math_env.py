@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scalerl.envs.base import conversational_prompt
 from scalerl.types import Completion, Task
 from scalerl.envs.math_answers import (
     answers_match,
@@ -167,7 +168,11 @@ class MathEnv:
     def _task(self, row: dict[str, Any]) -> Task:
         c = self.config
         meta = {k: v for k, v in row.items() if k not in (c.prompt_column, c.answer_column)}
-        return Task(prompt=c.prompt_template.replace("{prompt}", str(row[c.prompt_column])), answer=str(row[c.answer_column]), meta=meta)
+        value = row[c.prompt_column]
+        if isinstance(value, list):  # conversational rows: the messages go through the chat template as they are
+            text, messages = conversational_prompt(value, f"env.args.prompt_column {c.prompt_column}")
+            return Task(prompt=text, answer=str(row[c.answer_column]), meta={**meta, "messages": messages})
+        return Task(prompt=c.prompt_template.replace("{prompt}", str(value)), answer=str(row[c.answer_column]), meta=meta)
 
     def train_tasks(self) -> list[Task]:
         return self._train

@@ -19,6 +19,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from scalerl.envs.base import conversational_prompt
 from scalerl.types import Completion, Task
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
@@ -35,13 +36,16 @@ class OpenPromptsConfig(BaseModel):
 
 
 def read_prompts(path: Path) -> list[Task]:
-    """Tasks from a JSONL file with a string `prompt` (optional `answer`; other fields go to `meta`)."""
+    """Tasks from a JSONL file with a `prompt`: a string, or a list of {role, content} messages (optional
+    `answer`; other fields go to `meta`)."""
     tasks = []
     for i, row in read_objects(path, expected="a string 'prompt'"):
-        if not isinstance(row.get("prompt"), str):
+        if "prompt" not in row:
             raise ScaleRLError(f"{path}:{i}: expected a JSON object with a string 'prompt'")
+        text, messages = conversational_prompt(row.pop("prompt"), f"{path}:{i}")
         answer = row.pop("answer", None)
-        tasks.append(Task(prompt=row.pop("prompt"), answer=None if answer is None else str(answer), meta=row))
+        meta = {**row, **({"messages": messages} if messages is not None else {})}
+        tasks.append(Task(prompt=text, answer=None if answer is None else str(answer), meta=meta))
     return tasks
 
 class OpenPromptsEnv:

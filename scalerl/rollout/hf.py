@@ -67,14 +67,17 @@ class HFSampler:
     """Samples from a Hugging Face causal LM: the training model itself (weights shared, `sync_weights(None, v)`)
     or a copy that receives state dicts."""
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int, device: torch.device,
+    def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int | Sequence[int], device: torch.device,
                  autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True,
                  gather: Callable[[], ContextManager] | None = None):
         """`autocast`: the learner's compute precision (a context factory, e.g. bf16 autocast), so that
         sampling runs in it too; `fp32_head`: the LM head's matmul and the softmax in float32 whatever
         the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`); `gather`: a
         context factory in which a sharded model's full weights are readable (FSDP2's all-gather)."""
-        self.model, self.pad_id, self.eos_id, self.device = model, pad_id, eos_id, device
+        # eos_id: EOS, or the tokens that end a completion (EOS and a chat template's end-of-turn token)
+        stops = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        self.model, self.pad_id, self.eos_id, self.device = model, pad_id, stops[0], device
+        self.stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
         self.autocast, self.fp32_head = autocast or contextlib.nullcontext, fp32_head
         self.gather = gather or contextlib.nullcontext
         self._version = 0
@@ -118,7 +121,7 @@ class HFSampler:
             self.model.train(was_training)
         ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
         # A token is part of the completion if no EOS came strictly before it.
-        is_eos = (completion == self.eos_id).long()
+        is_eos = torch.isin(completion, self.stop_ids).long()
         completion_mask = ((is_eos.cumsum(1) - is_eos) == 0).long()  # (B, T)
         return Rollout(
             prompt_ids=ids,
@@ -160,7 +163,7 @@ class HFSampler:
         tokens, logps = [], []
         for step in range(params.max_new_tokens):
             if step < params.min_new_tokens:
-                logits[:, self.eos_id] = float("-inf")
+                logits[:, self.stop_ids] = float("-inf")
             if uniforms is None:  # greedy
                 token = logits.argmax(-1)  # (B,)
                 logp = logits.log_softmax(-1).gather(-1, token[:, None]).squeeze(-1)
@@ -171,7 +174,7 @@ class HFSampler:
             token = token.masked_fill(finished, self.pad_id)
             tokens.append(token)
             logps.append(logp.masked_fill(finished, 0.0))
-            finished = finished | (token == self.eos_id)
+            finished = finished | torch.isin(token, self.stop_ids)
             if bool(finished.all()) or step == params.max_new_tokens - 1:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)

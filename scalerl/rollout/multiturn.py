@@ -23,7 +23,7 @@ bound: T ≤ max_turns · max_new_tokens + (max_turns − 1) · max_observation_
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -46,22 +46,26 @@ class Episode:
 
 
 def sample_episodes(sampler: Sampler, env: Environment, tasks: Sequence[Task], tokenizer, params: SamplingParams,
-                    seeds: Sequence[int] | None, *, max_turns: int = 1) -> tuple[Rollout, list[Completion]]:
+                    seeds: Sequence[int] | None, *, max_turns: int = 1, encode: Callable[[Task], list[int]] | None = None,
+                    ) -> tuple[Rollout, list[Completion]]:
     """Sample `params.n` completions per task and decode them: one `sampler.sample` call for a
     single turn (`max_turns` 1), or whole episodes (`multi_turn_rollout`) for an environment with
-    a `step` method. `seeds`: one per task (None for greedy decoding)."""
+    a `step` method. `seeds`: one per task (None for greedy decoding); `encode`: a task's prompt
+    tokens (scalerl/rollout/chat.py's PromptFormat.encode; default: the raw prompt)."""
+    encode = encode or (lambda task: tokenizer(task.prompt)["input_ids"])
     if max_turns == 1:
-        batch = sampler.sample([tokenizer(task.prompt)["input_ids"] for task in tasks], params, seeds)
+        batch = sampler.sample([encode(task) for task in tasks], params, seeds)
         return batch, completions_of(batch, tokenizer)
     if not callable(getattr(env, "step", None)):
         raise ScaleRLError(f"rollout.max_turns: {max_turns} needs a multi-turn environment (one with a step method, see "
                            f"scalerl/envs/base.py), and {type(env).__name__} has none; set rollout.max_turns=1")
-    return multi_turn_rollout(sampler, env, tasks, tokenizer, params, seeds, max_turns=max_turns)
+    return multi_turn_rollout(sampler, env, tasks, tokenizer, params, seeds, max_turns=max_turns, encode=encode)
 
 
 def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Sequence[Task], tokenizer,
                        params: SamplingParams, seeds: Sequence[int] | None, *, max_turns: int,
-                       max_observation_tokens: int | None = None) -> tuple[Rollout, list[Completion]]:
+                       max_observation_tokens: int | None = None, encode: Callable[[Task], list[int]] | None = None,
+                       ) -> tuple[Rollout, list[Completion]]:
     """Run `params.n` episodes per task for up to `max_turns` policy turns, seeded per task by `seeds`
     (None for greedy decoding; see the module docstring).
 
@@ -69,7 +73,8 @@ def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Seque
     cut to that many, so the completion side stays within the bound above.
     """
     obs_cap = params.max_new_tokens if max_observation_tokens is None else max_observation_tokens
-    prompts = [tokenizer(task.prompt)["input_ids"] for task in tasks]
+    encode = encode or (lambda task: tokenizer(task.prompt)["input_ids"])
+    prompts = [encode(task) for task in tasks]  # observations that follow are raw text, not template turns
     first = sampler.sample(prompts, params, seeds)
     group = first.group_ids.tolist()
     episodes = [Episode() for _ in group]

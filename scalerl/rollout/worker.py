@@ -12,7 +12,7 @@ and draws exactly what the uninterrupted run drew.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,10 +36,11 @@ class BatchFilters:
 class RolloutWorker:
     def __init__(self, *, sampler: Sampler, env, tokenizer, stream: PromptStream, rewards: RewardPipeline,
                  params: SamplingParams, filters: BatchFilters, seed: int, max_turns: int, ctx: DistContext,
-                 shares_weights: bool):
+                 shares_weights: bool, encode: Callable[[Task], list[int]] | None = None):
         self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
         self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
         self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
+        self.encode = encode  # a task's prompt tokens (the chat template, scalerl/rollout/chat.py); None: raw
         self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
 
     @property
@@ -54,7 +55,7 @@ class RolloutWorker:
         """Sample, score and filter one step's batch."""
         tasks = self.stream.next_batch()
         rollout, completions = sample_episodes(self.sampler, self.env, tasks, self.tokenizer, self.params, self.seeds(step),
-                                               max_turns=self.max_turns)
+                                               max_turns=self.max_turns, encode=self.encode)
         generated = int(rollout.completion_mask.sum())  # before any filtering
         rewards, task_rewards, metrics = self.rewards(step, tasks, rollout, completions)
         metrics.update(self.filter(tasks, rollout, rewards))

@@ -20,7 +20,7 @@ from scalerl.rollout.multiturn import sample_episodes
 
 def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, params: SamplingParams,
               seeds: Sequence[int] | None = None, *, batch_size: int, ctx: DistContext, max_turns: int = 1,
-              scorer: RewardScorer | None = None) -> float:
+              scorer: RewardScorer | None = None, encode=None) -> float:
     """Mean correctness of `params.n` completions per task, sampled with `params` (temperature 0:
     greedy, `seeds` None) and `seeds`, one per task of the whole list. Each rank scores its share of
     the tasks with those tasks' own seeds and the sums are added, so the result is the mean over
@@ -29,19 +29,22 @@ def pass_rate(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokeniz
         raise ValueError(f"pass_rate: `seeds` has {len(seeds)} seeds for {len(tasks)} tasks; give one per task")
     mine = list(tasks[ctx.rank:: ctx.world_size])
     my_seeds = None if seeds is None else list(seeds[ctx.rank:: ctx.world_size])
-    sums = task_scores(env, mine, sampler, tokenizer, params, my_seeds, batch_size=batch_size, max_turns=max_turns, scorer=scorer)
+    sums = task_scores(env, mine, sampler, tokenizer, params, my_seeds, batch_size=batch_size, max_turns=max_turns, scorer=scorer,
+                       encode=encode)
     counts = ctx.sum(torch.tensor([float(sums.sum()), float(len(mine) * params.n)], dtype=torch.float64))
     return float(counts[0] / counts[1].clamp(min=1))
 
 
 def task_scores(env: Environment, tasks: Sequence[Task], sampler: Sampler, tokenizer, params: SamplingParams,
-                seeds: Sequence[int] | None, *, batch_size: int, max_turns: int = 1, scorer: RewardScorer | None = None) -> torch.Tensor:
-    """(len(tasks),) float64: each task's summed correctness over its `params.n` completions."""
+                seeds: Sequence[int] | None, *, batch_size: int, max_turns: int = 1, scorer: RewardScorer | None = None,
+                encode=None) -> torch.Tensor:
+    """(len(tasks),) float64: each task's summed correctness over its `params.n` completions (`encode`: the
+    prompt format, see `sample_episodes`)."""
     sums = []
     for i in range(0, len(tasks), batch_size):
         chunk = list(tasks[i: i + batch_size])
         chunk_seeds = None if seeds is None else list(seeds[i: i + batch_size])
-        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, chunk_seeds, max_turns=max_turns)
+        rollout, completions = sample_episodes(sampler, env, chunk, tokenizer, params, chunk_seeds, max_turns=max_turns, encode=encode)
         # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
         groups = rollout.group_ids.tolist()
         scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(groups, completions)], dtype=torch.float32)

@@ -79,7 +79,7 @@ def evaluate(config: Config, rollout: RolloutWorker, step: int) -> float:
     seeds = [derive_seed(config.train.seed, "eval", step, i) for i in range(len(tasks))] if ev.temperature > 0 else None
     scorer = None if env_has_verifier(config.env.name) else rollout.rewards.scorer  # no verifier: the mean fused reward
     return pass_rate(rollout.env, tasks, rollout.sampler, rollout.tokenizer, params, seeds, ctx=rollout.ctx,
-                     batch_size=ev.batch_size, max_turns=ro.max_turns, scorer=scorer)
+                     batch_size=ev.batch_size, max_turns=ro.max_turns, scorer=scorer, encode=rollout.encode)
 
 
 def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path, step: int, state: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from scalerl.precision.apply import build_reference, weights_dtype
 from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
+from scalerl.rollout.chat import prompt_format
 from scalerl.rollout.prompts import PromptStream
 from scalerl.rollout.worker import BatchFilters, RolloutWorker
 from scalerl.trainer.algorithm import objective_settings
@@ -120,14 +121,16 @@ def set_threads(threads: int | None) -> None:
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None) -> Sampler:
+def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None,
+                  stop_ids: list[int] | None = None) -> Sampler:
     """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling
-    shares; `gather`: the parallel strategy's full-weights context for a sharded policy."""
+    shares; `gather`: the parallel strategy's full-weights context for a sharded policy; `stop_ids`: the tokens
+    that end a completion (default EOS; with a chat template its end-of-turn token too)."""
     match config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
 
-            return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id, device=device,
+            return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=stop_ids or tokenizer.eos_token_id, device=device,
                              autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather)
         case "vllm":
             if device.type != "cuda":
@@ -183,7 +186,8 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather)
+    prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids())
 
     def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision
         stack = contextlib.ExitStack()
@@ -198,4 +202,5 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
                             min_new_tokens=ro.min_new_tokens)
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
-                         seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf")
+                         seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf",
+                         encode=prompts.encode)

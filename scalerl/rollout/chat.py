@@ -1,0 +1,79 @@
+"""How a task becomes prompt tokens: raw text, or the tokenizer's chat template (`env.chat_template`).
+
+    auto   the tokenizer's own template when it has one, else the raw prompt (the built-in tokenizer has none)
+    none   the raw prompt, tokenized as it is
+    FILE   a Jinja chat template read from FILE
+
+With a template, a task's prompt is a user message (or, when `task.meta["messages"]` holds a list
+of `{role, content}` messages, TRL's conversational format, those), `env.system_prompt` is put
+first unless the messages start with a system message, and the template's generation prompt is
+appended. The template's end-of-turn token (the first token it writes after an assistant's
+content, e.g. ChatML's `<|im_end|>`) stops a completion as EOS does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalerl.errors import ScaleRLError
+from scalerl.types import Task
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    tokenizer: Any
+    template: str | None = None  # None: raw prompts
+    system: str | None = None
+
+    def encode(self, task: Task) -> list[int]:
+        messages = task.meta.get("messages") if isinstance(task.meta, dict) else None
+        if self.template is None:
+            if messages is not None:
+                raise ScaleRLError("a task holds chat messages but env.chat_template=none (or the tokenizer has no template); "
+                                   "set env.chat_template=auto with a tokenizer that has one, or env.chat_template=FILE")
+            return self.tokenizer(task.prompt)["input_ids"]
+        return self.render(list(messages) if messages is not None else [{"role": "user", "content": task.prompt}])
+
+    def render(self, messages: list[dict[str, str]], generation_prompt: bool = True) -> list[int]:
+        if self.system is not None and (not messages or messages[0].get("role") != "system"):
+            messages = [{"role": "system", "content": self.system}, *messages]
+        text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def end_of_turn_id(self) -> int | None:
+        """The special token the template writes right after an assistant's content (None: no template, or none)."""
+        if self.template is None:
+            return None
+        marker = "SCALERL_TURN_END"
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": marker}],
+                                                  chat_template=self.template, tokenize=False)
+        after = text.split(marker, 1)[1] if marker in text else ""
+        ids = self.tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []
+        special = set(self.tokenizer.all_special_ids) | set(getattr(self.tokenizer, "added_tokens_decoder", {}) or {})
+        return next((i for i in ids if i in special), None)
+
+    def stop_ids(self) -> list[int]:
+        """EOS, and the end-of-turn token when the template has one."""
+        eot = self.end_of_turn_id()
+        eos = self.tokenizer.eos_token_id
+        return [eos] + ([eot] if eot is not None and eot != eos else [])
+
+
+def prompt_format(setting: str, system: str | None, tokenizer) -> PromptFormat:
+    """`env.chat_template` (auto, none or a file) and `env.system_prompt` for this tokenizer."""
+    if setting == "none":
+        if system is not None:
+            raise ScaleRLError("env.system_prompt needs a chat template; set env.chat_template=auto (a tokenizer with one) or FILE")
+        return PromptFormat(tokenizer)
+    if setting == "auto":
+        template = getattr(tokenizer, "chat_template", None) or None
+        if template is None and system is not None:
+            raise ScaleRLError("env.system_prompt: the tokenizer has no chat template to put it in; set env.chat_template=FILE")
+        return PromptFormat(tokenizer, template, system)
+    path = Path(setting)
+    if not path.is_file():
+        raise ScaleRLError(f"env.chat_template: {setting} is not auto, none or a readable file (a Jinja chat template)")
+    return PromptFormat(tokenizer, path.read_text(), system)
