@@ -96,8 +96,19 @@ def init_distributed(device_preference: str = "auto") -> DistContext:
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **_restart_store(rank, world_size))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def _restart_store(rank: int, world_size: int) -> dict:
+    """After torchrun restarted the workers (TORCHELASTIC_RESTART_COUNT > 0), the agent's store still holds the
+    failed attempt's keys, and a rank that reads its dead peer's address before the new one is written
+    fails to connect ("Connection refused"). Each attempt gets keys of its own under a prefix."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if not attempt or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
+    return {"store": dist.PrefixStore(f"scalerl/attempt_{attempt}", store), "rank": rank, "world_size": world_size}
 
 
 def shutdown(ctx: DistContext) -> None:
