@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scalerl_w2 import matmul_gflops  # noqa: E402 - the same 2048² peak as the W2 benchmarks
 RESULTS = Path(__file__).parent / "results"
 MODEL = dict(vocab_size=256, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8,
              intermediate_size=1536, max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1)
@@ -100,19 +101,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def matmul_gflops(n: int = 2048, reps: int = 10) -> float:
-    torch.set_num_threads(2)
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        torch.mm(a, b)
-    rates = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        rates.append(2 * n**3 / (time.perf_counter() - t) / 1e9)
-    return statistics.median(rates)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
@@ -120,7 +108,8 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    peak = matmul_gflops()
+    torch.set_num_threads(2)
+    peak = matmul_gflops(torch.float32)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
@@ -138,7 +127,7 @@ def main() -> None:
                 print(f"{strategy:6} {world} ranks, rank {rank}: step {r['step_s']:.2f} s (sample {r['sample_s']:.2f}, learn "
                       f"{r['learn_s']:.2f}), params+grads+moments {(r['param_bytes'] + r['grad_bytes'] + r['moment_bytes']) / 2**20:.0f} MiB, "
                       f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
-    peak_after = matmul_gflops()
+    peak_after = matmul_gflops(torch.float32)
     one = next(r for r in rows if r["world"] == 1)
     state = lambda r: r["param_bytes"] + r["grad_bytes"] + r["moment_bytes"]  # noqa: E731
     summary = {f"{r['strategy']}_{r['world']}": {"state_fraction_of_one_rank": state(r) / state(one), "step_ratio": r["step_s"] / one["step_s"]}

@@ -197,10 +197,11 @@ class FSDP2Strategy(Strategy):
 
         if any(getattr(m, "weight", None) is not None and m.weight.dtype == torch.int8 for m in module.modules()):
             return module  # an int8 reference stays whole on every rank
-        inner = module.model if isinstance(module, CompletionModel) else module
         mp = self._policy() if trainable else None
         options = {"mesh": self.mesh, **({"mp_policy": mp} if mp is not None else {})}
-        for layer in decoder_layers(inner) if isinstance(module, CompletionModel) or hasattr(inner, "backbone") else []:
+        # decoder layers each a unit of their own: a causal LM's, or a separate critic's backbone; a value head is one unit
+        has_layers = isinstance(module, CompletionModel) or hasattr(module, "backbone")
+        for layer in decoder_layers(module.model if isinstance(module, CompletionModel) else module) if has_layers else []:
             fully_shard(layer, **options)
         fully_shard(module, **options)
         if trainable:

@@ -36,11 +36,11 @@ class PromptFormat:
             return self.tokenizer(task.prompt)["input_ids"]
         return self.render(list(messages) if messages is not None else [{"role": "user", "content": task.prompt}])
 
-    def render(self, messages: list[dict[str, str]], generation_prompt: bool = True) -> list[int]:
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
         if self.system is not None and (not messages or messages[0].get("role") != "system"):
             messages = [{"role": "system", "content": self.system}, *messages]
         text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+                                                  add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def end_of_turn_id(self) -> int | None:

@@ -40,6 +40,18 @@ def _ranks_of(parent: int) -> dict[int, int]:
     return found
 
 
+def _kill_rank1_after_checkpoint(proc: subprocess.Popen, root: Path, step: int = 4) -> dict[int, int]:
+    """Wait until checkpoint `step` of the run under `proc` is complete, then SIGKILL its rank 1; returns {rank: pid}."""
+    deadline = time.monotonic() + 240
+    while (latest_checkpoint(root) is None or int(latest_checkpoint(root).name[5:]) < step) and time.monotonic() < deadline:
+        assert proc.poll() is None, "".join(proc.communicate())[-3000:]
+        time.sleep(0.2)
+    ranks = _ranks_of(proc.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    return ranks
+
+
 def _args(runs: Path, steps: int, **extra) -> list[str]:
     overrides = tiny_overrides(runs, "killed", **{"train.steps": steps, "checkpoint.every": 2, "eval.every": 0,
                                                   "parallel.strategy": "fsdp2", **extra})
@@ -54,13 +66,7 @@ def test_sigkill_of_one_rank_stops_all_and_the_run_resumes(tmp_path):
     proc = subprocess.Popen([*cli, "--nproc", "2", *_args(runs, 400)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 240
-        while (latest_checkpoint(root) is None or int(latest_checkpoint(root).name[5:]) < 4) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.2)
-        ranks = _ranks_of(proc.pid)
-        assert sorted(ranks) == [0, 1], ranks
-        os.kill(ranks[1], signal.SIGKILL)
+        ranks = _kill_rank1_after_checkpoint(proc, root)
         killed_at = time.monotonic()
         _, err = proc.communicate(timeout=120)
         stopped_s = time.monotonic() - killed_at
@@ -105,11 +111,7 @@ def test_max_restarts_resumes_the_run_after_a_rank_is_killed(tmp_path):
                              *_args(runs, 40, **{"log.console": "plain"})], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 240
-        while (latest_checkpoint(root) is None or int(latest_checkpoint(root).name[5:]) < 4) and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            time.sleep(0.2)
-        os.kill(_ranks_of(proc.pid)[1], signal.SIGKILL)
+        _kill_rank1_after_checkpoint(proc, root)
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()

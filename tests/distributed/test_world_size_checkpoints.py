@@ -91,3 +91,23 @@ def test_two_fsdp2_ranks_resume_in_one_process_and_one_process_in_two(tmp_path):
     _save(one, tmp_path / "one", 2)
     mp.spawn(_ranks, args=(free_port(), tmp_path / "runs", batch, tmp_path / "one", out, "load"), nprocs=2, join=True)
     _same(_full_state(one), torch.load(out, weights_only=True))
+
+
+def test_a_checkpoint_of_the_earlier_format_still_loads(tmp_path):
+    """Before DCP a checkpoint held optimizer.pt and the safetensors only: that layout still loads, exactly."""
+    import shutil
+
+    from scalerl.trainer import checkpoint as ckpt
+
+    batch = str(tmp_path / "batch.pt")
+    global_batch(batch)
+    saved = _learner(DistContext(), tmp_path / "runs", "none")
+    saved.learn(scored(batch, [0, 1, 2, 3]), 1)
+    _save(saved, tmp_path / "ck", 1)
+    folder = ckpt.latest_checkpoint(tmp_path / "ck")
+    shutil.rmtree(folder / "dcp")  # the earlier layout: the optimizer's own state dict instead of the shards
+    torch.save(saved.optimizer.state_dict(), folder / "optimizer.pt")
+    ckpt.write_manifest(folder)
+    loaded = _learner(DistContext(), tmp_path / "runs", "none")
+    _load(loaded, tmp_path / "ck")
+    _same(_full_state(saved), _full_state(loaded))
