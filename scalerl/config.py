@@ -37,6 +37,22 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+class LoraConfig(_Section):
+    """LoRA adapters through the `peft` library (scalerl/models/lora.py): only the adapters train (and PPO's
+    critic); the reference policy is the base with the adapters switched off, so no second copy exists."""
+
+    r: int = Field(0, ge=0, description="Adapter rank; 0 trains the full model (no LoRA).")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator: the update is (alpha / r) B A.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names (or name suffixes) that get adapters, e.g. [q_proj, v_proj]; all-linear: every linear "
+                                  "layer of the decoder, the LM head excepted.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.r > 0
+
+
 class ModelConfig(_Section):
     path: str = Field("builtin", description="'builtin', a local Hugging Face model folder, or a hub id (needs the hub).")
     tokenizer: str | None = Field(None, description="Tokenizer folder or hub id; defaults to `path`.")
@@ -45,6 +61,7 @@ class ModelConfig(_Section):
         "sdpa", description="flash_attention_2 needs a CUDA GPU and the flash-attn package; on CPU it falls back to sdpa with a warning.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     fp32_lm_head: bool = Field(True, description="Compute log-probs from float32 logits whatever the model's dtype.")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class EnvConfig(_Section):
@@ -627,6 +644,11 @@ class Config(_Section):
                              f"rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
         if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
+        if self.model.lora.enabled and self.parallel.strategy == "fsdp2":
+            raise ValueError("model.lora with parallel.strategy=fsdp2 is not supported yet; use parallel.strategy=ddp (the adapters are small)")
+        if self.model.lora.enabled and self.precision.mode == "aggressive":
+            raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
+                             "use precision.mode standard or compressed")
         if self.rollout.group_size == 1 and _group_relative(self.algorithm):
             raise ValueError(f"rollout.group_size=1 with algorithm.name={self.algorithm.name}: each completion's baseline is its own "
                              "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "

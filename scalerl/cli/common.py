@@ -18,6 +18,9 @@ def setup_logging() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no weight-loading bars or notices
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    # bitsandbytes (imported by peft and the compressed mode) tries an optional CPU kernel from the hub at import and
+    # warns that it could not; it then runs its own torch kernels, which is what a run without the hub wants.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def run_guarded(fn: Callable[[], Any], debug: bool) -> None:

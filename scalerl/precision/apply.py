@@ -123,6 +123,9 @@ def describe(policy: PrecisionPolicy, model: torch.nn.Module, parts: dict[str, i
     text = (f"precision {policy.mode}: compute {compute}, LM head {'fp32' if policy.fp32_lm_head else 'in the compute dtype'}; "
             f"weights {mib['weights']} {policy.weights_dtype}, gradients {mib['gradients']}, AdamW moments {mib['optimizer']} "
             f"{policy.moments}")
+    frozen = tensor_bytes({p.data_ptr(): p for p in model.parameters() if not p.requires_grad}.values())
+    if frozen:  # LoRA: the base weights, which the adapters train around (and the reference runs without them)
+        text += f"; frozen base weights {frozen / 2**20:.2f} MiB (LoRA: the weights, gradients and moments above are the adapters')"
     if parts["error_feedback"]:
         text += f", error feedback {mib['error_feedback']} 8-bit"
     if parts["reference"]:

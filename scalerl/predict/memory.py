@@ -132,6 +132,21 @@ def quantized_bytes(n: int) -> int:
     return n + 4 * math.ceil(n / BLOCK)
 
 
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # a Llama layer's linear layers
+
+
+def lora_tensors(shape: ModelShape, r: int, targets: list[str] | str = "all-linear") -> list[tuple[int, ...]]:
+    """The adapters' shapes: for each targeted linear layer (out × in) of every decoder layer, A (r × in) and
+    B (out × r). `targets`: peft's target_modules (names matched as suffixes), or all-linear (every linear of
+    the decoder layers; the LM head is never targeted)."""
+    q, kv, h, i = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden, shape.intermediate
+    dims = dict(zip(LINEARS, [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]))
+    names = LINEARS if targets == "all-linear" else [n for n in LINEARS if any(n.endswith(t) for t in targets)]
+    if not names:
+        raise ScaleRLError(f"model.lora.target_modules: none of {targets} names a linear layer of a Llama decoder ({', '.join(LINEARS)})")
+    return [t for name in names for out, inp in [dims[name]] for t in ((r, inp), (out, r))] * shape.layers
+
+
 def state_bytes(tensors: list[tuple[int, ...]], precision: Precision, *, optim_8bit: bool = False) -> dict[str, int]:
     """Bytes of the trainable weights, their gradients, AdamW's moments and the error-feedback buffers, for
     parameter tensors of the given shapes (torch's fused AdamW also keeps a 4-byte step per tensor, not counted)."""
@@ -194,8 +209,10 @@ def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = Fa
 def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: bool = False, micro_batch: int,
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
-                    entropy: bool = False) -> dict[str, float]:
-    """Bytes per component for one process holding the whole model (see the module docstring), and the peak."""
+                    entropy: bool = False, lora: tuple[int, list[str] | str] | None = None) -> dict[str, float]:
+    """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
+    `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
+    the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off)."""
     precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -205,21 +222,24 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if p.weights < 4:  # the FP32 head's float32 copy of its bf16 input
         logits += micro_batch * (completion_len + 1) * shape.hidden * 4
     head = None if shape.tie_embeddings else tensors[-1]
+    trained = lora_tensors(shape, *lora) if lora else tensors
     out: dict[str, float] = {
         "params": float(n),
-        **state_bytes(tensors, p, optim_8bit=optim_8bit),
+        **state_bytes(trained, p, optim_8bit=optim_8bit),
+        "frozen_base": float(n * p.weights) if lora else 0.0,
         "working_copy": working_copy_bytes(shape, p),
         "activations": micro_batch * seq * activation_bytes_per_token(shape, p, checkpointing=checkpointing) + logits,
         "kv_cache": float(shape.layers * 2 * shape.kv_heads * shape.head_dim * rollout_sequences * seq * p.kv),
-        "reference": reference_bytes(tensors, p, int8=reference_8bit, head=head) if reference else 0.0,
+        "reference": reference_bytes(tensors, p, int8=reference_8bit, head=head) if reference and not lora else 0.0,
         "critic": 0.0,
     }
     if critic == "separate":  # a value model from the policy's backbone: its own weights, grads, states, activations
         body = tensors[:-1] if head else tensors
         out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
-    out["optimizer_step"] = 16.0 * max(math.prod(t) for t in tensors) if p.moments != "float32" or optim_8bit else 0.0
-    out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "working_copy", "reference", "critic"))
+    out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
+    out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "working_copy", "reference",
+                                         "critic"))
     out["peak"] = out["states"] + max(out["activations"], out["kv_cache"], out["optimizer_step"])
     return out
 

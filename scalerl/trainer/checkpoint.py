@@ -19,7 +19,10 @@ Contents:
   with M (DCP reshards on load). This is what resume reads.
 - the policy in Hugging Face format (safetensors + config.json + tokenizer, loadable with
   `from_pretrained`), consolidated from the shards by rank 0, and `critic.safetensors` for PPO's
-  critic: what people deploy or evaluate.
+  critic: what people deploy or evaluate. A LoRA run (`model.lora`) holds only its adapters, in
+  both: `adapter_model.safetensors` + `adapter_config.json` (peft's format, naming the base model;
+  `from_pretrained` loads base and adapters when peft is installed, `scalerl export --merge-lora`
+  merges them).
 - `rng_rank<R>.pt` per rank, and `trainer_state.json` (step, the rollout side's state: data
   position, reward state, policy version; the learner's: version, updates taken, which is the lr
   schedule's position, health responses, β controller; the health monitor's).
@@ -149,6 +152,14 @@ def _expected_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ex
     return 2 * sum(t.numel() * t.element_size() for t in tensors)
 
 
+# What a checkpoint holds: the trained parameters. With LoRA (scalerl/models/lora.py) the frozen base is left
+# out (it is reloaded from model.path) and the checkpoint holds the adapters; otherwise every parameter trains.
+TRAINED = StateDictOptions(ignore_frozen_params=True)
+# Loading: DCP fills exactly the trained parameters' keys of this run (a key it lacks is DCP's error), so the
+# frozen ones, absent by design, must not make the module's load strict.
+TRAINED_LOAD = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def _modules(model: nn.Module, extra: dict[str, nn.Module]) -> nn.Module:
     """One module holding the policy and the extra modules (e.g. the critic), so that every optimizer
     parameter has a name; names are `policy.<hf name>` and `<extra>.<name>` whatever the strategy."""
@@ -157,7 +168,7 @@ def _modules(model: nn.Module, extra: dict[str, nn.Module]) -> nn.Module:
 
 def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, nn.Module]) -> dict[str, Any]:
     """Every rank's part of the weights and optimizer state, keyed by parameter name (DCP's input)."""
-    weights, optim = get_state_dict(_modules(model, extra), optimizer)
+    weights, optim = get_state_dict(_modules(model, extra), optimizer, options=TRAINED)
     return {"model": weights, "optim": optim}
 
 
@@ -175,7 +186,7 @@ def _unwrapped(fn: Callable[[], Any]) -> Any:
 
 def _full_weights(module: nn.Module) -> dict[str, torch.Tensor]:
     """The consolidated weights on rank 0's CPU (a collective: every rank calls it; others get {})."""
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True))
 
 
 def _save_failed(err: Exception, tmp: Path, root: Path, step: int, needed: int) -> ScaleRLError:
@@ -287,7 +298,8 @@ def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, o
     if (folder / "dcp").is_dir():
         state = _sharded_state(model, optimizer, extra_modules)  # the layout to fill: this run's shards
         _unwrapped(lambda: dcp.load(state, checkpoint_id=folder / "dcp", no_dist=not ctx.active))
-        set_state_dict(_modules(model, extra_modules), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(_modules(model, extra_modules), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                       options=TRAINED_LOAD)
     else:  # a checkpoint of an earlier version: one process's files
         load_model_weights(model, folder, skip=set(extra_modules))
         for name, module in extra_modules.items():

@@ -19,6 +19,7 @@ from scalerl.checks import check_config
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, init_distributed, shutdown
 from scalerl.models.loading import load_model, load_tokenizer
+from scalerl.models.lora import apply_lora
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
@@ -59,6 +60,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     tokenizer = load_tokenizer(config.model)
     policy = load_model(config.model, ctx.device, weights_dtype(config.precision_policy))
     prepare_policy(policy, config.precision_policy, ctx.device)
+    if config.model.lora.enabled:
+        policy = apply_lora(policy, config.model.lora, config.model.gradient_checkpointing)
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()

@@ -22,6 +22,7 @@ from scalerl.distributed.parallel import CompletionModel
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import attention_choice, attention_used
+from scalerl.models.lora import AdaptersOff, trainable_fraction
 from scalerl.precision.apply import build_reference, weights_dtype
 from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
@@ -159,12 +160,18 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
     learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
     the parameters for their shards)."""
     algo = config.algorithm
-    # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model.
-    reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference else None
+    # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model; with
+    # LoRA the reference is the policy with its adapters off (no copy).
+    lora = config.model.lora.enabled
+    reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference and not lora else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
     parallel = build_strategy(config.parallel, ctx, config.precision_policy)
     policy_forward = parallel.wrap(CompletionModel(policy))
     reference_forward = parallel.wrap(CompletionModel(reference), trainable=False) if reference is not None else None
+    if lora:
+        reference_forward = AdaptersOff(CompletionModel(policy), policy) if algo.kl.needs_reference else None
+        trained, total = trainable_fraction(policy)
+        log.info("LoRA r=%d: %d of %d policy parameters train (%.2f%%)", config.model.lora.r, trained, total, 100 * trained / total)
     critic = parallel.wrap(critic) if critic is not None else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:

@@ -41,7 +41,11 @@ VARIANTS = {
     # retired prompts and the adaptive β controller are state as well
     "scalerl-adaptive": {"preset": "scalerl", "algorithm.retire_pass_rate": 0.25, "algorithm.kl.schedule": "adaptive",
                          "algorithm.kl.target_kl": 1e-4, "algorithm.kl.horizon": 50},
+    # LoRA: the checkpoint holds the adapters and their moments only; the KL runs on the base (adapters off)
+    "lora": {"model.lora.r": 4, "optim.lr": 1e-3},
 }
+WEIGHT_FILES = {"grpo": ["model.safetensors"], "ppo": ["model.safetensors", "critic.safetensors"], "scalerl-adaptive": ["model.safetensors"],
+                "lora": ["adapter_model.safetensors"]}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -65,7 +69,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
     _train(runs, "resumed", resume=True, **extra)
 
     assert _without_timing(read_metrics(runs / "resumed")) == _without_timing(read_metrics(runs / "straight"))
-    for name in ("model.safetensors", *(["critic.safetensors"] if variant == "ppo" else [])):
+    for name in WEIGHT_FILES[variant]:
         final = f"checkpoints/step_0000006/{name}"
         assert (runs / "resumed" / final).read_bytes() == (runs / "straight" / final).read_bytes()
     if variant == "scalerl-adaptive":  # the state really moved: prompts were retired and β adapted
