@@ -20,9 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scalerl.types import Completion, Task
+from scalerl.envs.base import pop_prompt
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
+from scalerl.types import Completion, Task
 
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 MAX_PROMPTS = 10_000_000
@@ -40,7 +41,7 @@ class ArithmeticConfig(BaseModel):
     eval_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated held-out set.")
 
     @model_validator(mode="after")
-    def _check_range(self) -> "ArithmeticConfig":
+    def _check_range(self) -> ArithmeticConfig:
         if self.max_operand < self.min_operand:
             raise ValueError(f"max_operand ({self.max_operand}) must be >= min_operand ({self.min_operand})")
         n = (self.max_operand - self.min_operand + 1) ** 2 * len(self.operators)
@@ -53,13 +54,20 @@ class ArithmeticConfig(BaseModel):
 
 
 def read_tasks(path: Path, where: str | None = None) -> list[Task]:
-    """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`);
-    `where` is the config key that named the file, for the messages."""
+    """Tasks from a JSONL file with `prompt` and `answer` fields (other fields go to `meta`); the prompt is a
+    string or a list of {role, content} messages (TRL's conversational format, also as a `messages` field),
+    which go into `meta["messages"]` and through the chat template. `where` is the config key that named
+    the file, for the messages."""
     tasks = []
     for i, row in read_objects(path, expected="'prompt' and 'answer'", where=where):
-        if not isinstance(row.get("prompt"), str) or "answer" not in row:
-            raise ScaleRLError(f"{where + ': ' if where else ''}{path}:{i}: needs 'prompt' and 'answer', a string prompt (it has: {', '.join(row) or 'nothing'})")
-        tasks.append(Task(prompt=row.pop("prompt"), answer=str(row.pop("answer")), meta=row))
+        at = f"{where + ': ' if where else ''}{path}:{i}"
+        fields = ", ".join(row) or "nothing"
+        prompt = pop_prompt(row, at) if "answer" in row else None
+        if prompt is None:
+            raise ScaleRLError(f"{at}: needs 'prompt' and 'answer', a string prompt or a list of messages (it has: {fields})")
+        text, messages = prompt
+        meta = {**row, "messages": messages} if messages is not None else row
+        tasks.append(Task(prompt=text, answer=str(meta.pop("answer")), meta=meta))
     return tasks
 
 

@@ -7,11 +7,14 @@ Multi-turn environments (`MultiTurnEnvironment`) add one method, `step(task, tra
 rollout (`scalerl/rollout/multiturn.py`) calls after each of the policy's turns while fewer than
 `rollout.max_turns` turns have been taken. `transcript` is the conversation so far as text: the
 policy's turns and the environment's observations alternately, starting and ending with a policy
-turn (each turn without its end-of-sequence token, which is how the policy ends a turn). `step`
-returns the observation to append (a tool result, say), whose tokens the policy then reads as
-context, or None when the episode is over. A turn cut off at `max_new_tokens` also ends the
-episode. Only the policy's own tokens are trained on; observations never are. `score` then sees
+turn (each turn without its end-of-sequence or end-of-turn token, which is how the policy ends a
+turn). `step` returns the observation to append (a tool result, say), whose tokens the policy then
+reads as context, or None when the episode is over. A turn cut off at `max_new_tokens` also ends
+the episode. Only the policy's own tokens are trained on; observations never are. `score` then sees
 the whole episode: `Completion.turns` holds the transcript, `Completion.final_turn` the last turn.
+With a chat template (`env.chat_template`) each observation is rendered as the next message of the
+conversation, of role `user` unless the environment sets a class attribute `observation_role`
+(e.g. `"tool"`, for templates that mark tool results).
 
 Reward shaping (optional, for sparse rewards; `scalerl/envs/shaping.py`, shown in `math_env.py`):
 an environment may define `partial_credit(task, completion) -> float` in [0, 1] (or let its
@@ -28,10 +31,12 @@ as `module:Class`.
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, Sequence
+from collections.abc import Sequence
+from typing import ClassVar, Protocol
 
 from pydantic import BaseModel
 
+from scalerl.errors import ScaleRLError
 from scalerl.types import Completion, Task
 
 
@@ -71,6 +76,16 @@ def conversational_prompt(value: object, where: str) -> tuple[str, list[dict[str
         messages = [{"role": m["role"], "content": m["content"]} for m in value]
         users = [m["content"] for m in messages if m["role"] == "user"]
         return (users[-1] if users else messages[-1]["content"]), messages
-    from scalerl.errors import ScaleRLError
-
     raise ScaleRLError(f"{where}: a prompt is a string or a list of {{\"role\": ..., \"content\": ...}} messages")
+
+
+def pop_prompt(row: dict, where: str) -> tuple[str, list[dict[str, str]] | None] | None:
+    """Take a JSONL row's prompt out of it: `prompt` (a string or a list of messages) or, without one, `messages`
+    (a list of messages, TRL's conversational format), through `conversational_prompt`; None when it has neither."""
+    if "prompt" in row and "messages" in row:
+        raise ScaleRLError(f"{where}: give 'prompt' or 'messages', not both")
+    if "prompt" in row:
+        return conversational_prompt(row.pop("prompt"), where)
+    if isinstance(row.get("messages"), list):
+        return conversational_prompt(row.pop("messages"), where)
+    return None

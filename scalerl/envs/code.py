@@ -31,10 +31,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scalerl.types import Completion, Task
+from scalerl.envs.base import pop_prompt
 from scalerl.envs.sandbox import run_sandboxed
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
+from scalerl.types import Completion, Task
 
 HARNESS = '''\
 import os, sys
@@ -76,7 +77,8 @@ class CodeConfig(BaseModel):
                                                      "default: the 40 built-in tasks.")
     eval_fraction: float = Field(0.25, gt=0, lt=1, description="Share of tasks held out for the greedy pass rate.")
     split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training tasks.")
-    prompt_suffix: str = Field("\n", description="Appended to every prompt (e.g. a chat turn marker).")
+    prompt_suffix: str = Field("\n", description="Appended to every string prompt (e.g. a chat turn marker); "
+                                                 "not to a list of messages, whose turns the chat template marks.")
     timeout_s: float = Field(5.0, gt=0, description="Wall-clock limit for one completion's tests, in seconds.")
     cpu_s: int = Field(5, ge=1, description="CPU-time limit (RLIMIT_CPU) for one completion's tests, in seconds.")
     memory_mb: int = Field(512, ge=64, description="Address-space limit (RLIMIT_AS) of the test process, in MiB.")
@@ -87,16 +89,22 @@ class CodeConfig(BaseModel):
 
 
 def read_code_tasks(path: Path, suffix: str = "") -> list[Task]:
-    """Tasks from a JSONL file: `prompt` (str), `tests` (non-empty list of str), optional
-    `entry_point` (str); any other field goes to `meta` too."""
+    """Tasks from a JSONL file: `prompt` (a string, or a list of {role, content} messages, TRL's
+    conversational format, also as a `messages` field), `tests` (non-empty list of str), optional
+    `entry_point` (str); any other field goes to `meta` too. `suffix` ends a string prompt; messages
+    go into `meta["messages"]` as they are, for the chat template to mark the turns."""
     tasks = []
     for i, row in read_objects(path, expected="'prompt' and 'tests'", where="env.args.data_path"):
-        prompt, tests = row.pop("prompt", None), row.get("tests")
-        if not isinstance(prompt, str) or not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
-            raise ScaleRLError(f"{path}:{i}: 'prompt' must be a string and 'tests' a non-empty list of strings")
+        prompt, tests = pop_prompt(row, f"env.args.data_path: {path}:{i}"), row.get("tests")
+        if prompt is None or not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
+            raise ScaleRLError(f"{path}:{i}: 'prompt' must be a string or a list of messages and 'tests' a non-empty list of strings")
         if not isinstance(row.get("entry_point", ""), str):
             raise ScaleRLError(f"{path}:{i}: 'entry_point' must be a function name (a string)")
-        tasks.append(Task(prompt=prompt + suffix, answer=None, meta=row))
+        text, messages = prompt
+        if messages is None:
+            tasks.append(Task(prompt=text + suffix, answer=None, meta=row))
+        else:
+            tasks.append(Task(prompt=text, answer=None, meta={**row, "messages": messages}))
     return tasks
 
 def extract_code(text: str) -> str:

@@ -9,6 +9,14 @@ of `{role, content}` messages, TRL's conversational format, those), `env.system_
 first unless the messages start with a system message, and the template's generation prompt is
 appended. The template's end-of-turn token (the first token it writes after an assistant's
 content, e.g. ChatML's `<|im_end|>`) stops a completion as EOS does.
+
+Multi-turn episodes (scalerl/rollout/multiturn.py) grow the conversation a turn at a time. After the
+policy's turn (its tokens as sampled, ending with the end-of-turn token) comes `continuation`: the
+text the template writes between that token and the next assistant's content, i.e. the rendering of
+messages + [assistant turn, observation message] with the generation prompt, less the rendering of
+messages with it, less the turn and the end-of-turn token. The rendering before must be a prefix of
+the one after; a template that rewrites earlier turns (one that drops past reasoning, say) fails
+with an error rather than training on a sequence no rendered conversation contains.
 """
 
 from __future__ import annotations
@@ -27,21 +35,54 @@ class PromptFormat:
     template: str | None = None  # None: raw prompts
     system: str | None = None
 
+    def __call__(self, task: Task) -> list[int]:
+        """A format is the `encode` callable of scalerl/rollout/multiturn.py, which also renders later turns with it."""
+        return self.encode(task)
+
     def encode(self, task: Task) -> list[int]:
-        messages = task.meta.get("messages") if isinstance(task.meta, dict) else None
         if self.template is None:
-            if messages is not None:
+            if self.task_messages(task) is not None:
                 raise ScaleRLError("a task holds chat messages but env.chat_template=none (or the tokenizer has no template); "
                                    "set env.chat_template=auto with a tokenizer that has one, or env.chat_template=FILE")
             return self.tokenizer(task.prompt)["input_ids"]
-        return self.render(list(messages) if messages is not None else [{"role": "user", "content": task.prompt}])
+        return self.render(self.conversation(task))
+
+    @staticmethod
+    def task_messages(task: Task) -> list[dict[str, str]] | None:
+        return task.meta.get("messages") if isinstance(task.meta, dict) else None
+
+    def conversation(self, task: Task) -> list[dict[str, str]]:
+        """The messages a task's prompt renders: its own, or one user message, after the system prompt."""
+        messages = self.task_messages(task)
+        return self.with_system(list(messages) if messages is not None else [{"role": "user", "content": task.prompt}])
+
+    def with_system(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        if self.system is not None and (not messages or messages[0].get("role") != "system"):
+            return [{"role": "system", "content": self.system}, *messages]
+        return messages
+
+    def text(self, messages: list[dict[str, str]]) -> str:
+        """The template's rendering of `messages` with the generation prompt."""
+        return self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                  add_generation_prompt=True)
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        if self.system is not None and (not messages or messages[0].get("role") != "system"):
-            messages = [{"role": "system", "content": self.system}, *messages]
-        text = self.tokenizer.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                  add_generation_prompt=True)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(self.text(self.with_system(messages)), add_special_tokens=False)["input_ids"]
+
+    def continuation(self, messages: list[dict[str, str]], turn: str, observation: dict[str, str]) -> list[int]:
+        """The tokens that follow the policy's `turn` (its text) and the end-of-turn token after it, when
+        `observation` (a message) comes next and then the next assistant turn (see the module docstring).
+        `messages`: the conversation the turn answers, as rendered for it (`conversation`, later turns added)."""
+        eot = self.end_of_turn_id()
+        before = self.text(messages) + turn + ("" if eot is None else self.tokenizer.convert_ids_to_tokens(eot))
+        after = self.text([*messages, {"role": "assistant", "content": turn}, observation])
+        if not after.startswith(before):
+            at = max(next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after))) - 30, 0)
+            raise ScaleRLError(f"env.chat_template: the conversation with the next {observation['role']} message does not "
+                               f"render as the one before it plus the policy's turn (they part at {before[at: at + 60]!r} "
+                               f"vs {after[at: at + 60]!r}); multi-turn rollouts need a template that renders earlier "
+                               "turns unchanged (not one that trims them or drops their reasoning), or env.chat_template=none")
+        return self.tokenizer(after[len(before):], add_special_tokens=False)["input_ids"]
 
     def end_of_turn_id(self) -> int | None:
         """The special token the template writes right after an assistant's content (None: no template, or none)."""

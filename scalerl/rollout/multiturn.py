@@ -8,22 +8,33 @@ engine with prefix caching makes cheap). A policy turn ends at EOS; one cut off 
 `max_new_tokens` ends the episode as truncated. After every turn but the last allowed one the
 environment's `step(task, transcript)` returns an observation to append, or None to stop.
 
+Raw prompts (no chat template): the observation's tokens are appended as they are, after the turn's
+EOS. With a chat template (`encode` a `PromptFormat` with one, scalerl/rollout/chat.py) the episode
+is the rendered conversation [system?, prompt, assistant turn₁, observation₁, assistant turn₂, …]:
+each observation is a message of role `env.observation_role` (default `user`; an environment whose
+observations are tool results may say `tool`), and what is appended after the policy's turn and its
+end-of-turn token is the template's text up to the next assistant's content (`PromptFormat.
+continuation`: the rendering with the new message and the generation prompt, less the one without).
+A turn that ends with EOS where the template's end-of-turn token is another token ends the episode:
+no rendered conversation goes on after it.
+
 Seeds are per request, as the `Sampler` contract wants: turn 1 samples task i with `seeds[i]`;
 a later turn k of episode j of task i (its j-th completion) samples with
 `derive_seed(seeds[i], j, k)`, so every turn's draws depend on that episode alone, not on which
 other episodes are still going. Greedy decoding (temperature 0) takes `seeds` None.
 
 The episode comes back as ONE `Rollout` row: `completion_ids` = turn₁ obs₁ turn₂ … (right-padded),
-`completion_mask` 1 exactly on the policy's sampled tokens (observations are 0, so never trained
-on), `completion_attention_mask` 1 on all of them (the training forward reads observations as
-context), `sampler_logprobs` the sampler's log-probs on policy tokens and 0 elsewhere. Length
-bound: T ≤ max_turns · max_new_tokens + (max_turns − 1) · max_observation_tokens.
+`completion_mask` 1 exactly on the policy's sampled tokens, its EOS or end-of-turn token included
+(observations and the template's tokens are 0, so never trained on), `completion_attention_mask` 1
+on all of them (the training forward reads observations as context), `sampler_logprobs` the
+sampler's log-probs on policy tokens and 0 elsewhere. Length bound: T ≤ max_turns · max_new_tokens
++ (max_turns − 1) · (max_observation_tokens + the template's tokens around one observation).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
 
 import torch
 
@@ -31,6 +42,7 @@ from scalerl.envs.base import Environment, MultiTurnEnvironment
 from scalerl.envs.scoring import completions_of
 from scalerl.errors import ScaleRLError
 from scalerl.rollout.base import Sampler
+from scalerl.rollout.chat import PromptFormat
 from scalerl.types import Completion, Rollout, SamplingParams, Task, derive_seed
 
 
@@ -42,7 +54,8 @@ class Episode:
     trained: list[int] = field(default_factory=list)  # 1 on the policy's tokens, 0 on observations
     logprobs: list[float] = field(default_factory=list)  # sampler log-probs, 0.0 on observations
     transcript: list[str] = field(default_factory=list)  # policy turn, observation, ..., policy turn
-    finished: bool = False  # the latest policy turn ended with EOS
+    finished: bool = False  # the latest policy turn ended with a stop token (EOS or the end-of-turn token)
+    messages: list[dict[str, str]] | None = None  # with a chat template: the conversation the next turn answers
 
 
 def sample_episodes(sampler: Sampler, env: Environment, tasks: Sequence[Task], tokenizer, params: SamplingParams,
@@ -51,7 +64,8 @@ def sample_episodes(sampler: Sampler, env: Environment, tasks: Sequence[Task], t
     """Sample `params.n` completions per task and decode them: one `sampler.sample` call for a
     single turn (`max_turns` 1), or whole episodes (`multi_turn_rollout`) for an environment with
     a `step` method. `seeds`: one per task (None for greedy decoding); `encode`: a task's prompt
-    tokens (scalerl/rollout/chat.py's PromptFormat.encode; default: the raw prompt)."""
+    tokens, a `PromptFormat` (scalerl/rollout/chat.py) to render later turns through its template
+    too (default: the raw prompt)."""
     encode = encode or (lambda task: tokenizer(task.prompt)["input_ids"])
     if max_turns == 1:
         batch = sampler.sample([encode(task) for task in tasks], params, seeds)
@@ -73,11 +87,15 @@ def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Seque
     cut to that many, so the completion side stays within the bound above.
     """
     obs_cap = params.max_new_tokens if max_observation_tokens is None else max_observation_tokens
+    chat = encode if isinstance(encode, PromptFormat) and encode.template is not None else None
     encode = encode or (lambda task: tokenizer(task.prompt)["input_ids"])
-    prompts = [encode(task) for task in tasks]  # observations that follow are raw text, not template turns
+    prompts = [encode(task) for task in tasks]
     first = sampler.sample(prompts, params, seeds)
     group = first.group_ids.tolist()
-    episodes = [Episode() for _ in group]
+    episodes = [Episode(messages=None if chat is None else chat.conversation(tasks[g])) for g in group]
+    role = getattr(env, "observation_role", "user")  # optional (scalerl/envs/base.py)
+    eot = None if chat is None else chat.end_of_turn_id()
+    closing = tokenizer.eos_token_id if eot not in (None, tokenizer.eos_token_id) else None  # ends the episode
     rows, turn = list(range(len(group))), first  # the episodes that `turn` continues, in its row order
     for k in range(1, max_turns + 1):
         _append_turn(episodes, rows, turn, tokenizer)
@@ -85,9 +103,10 @@ def multi_turn_rollout(sampler: Sampler, env: MultiTurnEnvironment, tasks: Seque
             break
         going = []
         for b in rows:  # a truncated turn ends its episode; otherwise the environment decides
-            observation = env.step(tasks[group[b]], tuple(episodes[b].transcript)) if episodes[b].finished else None
+            ep = episodes[b]
+            observation = env.step(tasks[group[b]], tuple(ep.transcript)) if ep.finished and ep.tokens[-1] != closing else None
             if observation is not None:
-                _append_observation(episodes[b], observation, tokenizer, obs_cap)
+                _append_observation(ep, observation, tokenizer, obs_cap, chat, role)
                 going.append(b)
         rows = going
         if not rows:
@@ -115,12 +134,17 @@ def _append_turn(episodes: list[Episode], rows: list[int], turn: Rollout, tokeni
         ep.finished = not cut[j]
 
 
-def _append_observation(ep: Episode, observation: str, tokenizer, cap: int) -> None:
-    """Append the environment's observation, cut to its first `cap` tokens."""
+def _append_observation(ep: Episode, observation: str, tokenizer, cap: int, chat: PromptFormat | None, role: str) -> None:
+    """Append the environment's observation, cut to its first `cap` tokens: raw, or with a chat template
+    as a `role` message in the template's turn markup, up to the next assistant's content."""
     ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
     if len(ids) > cap:
         ids = ids[:cap]
         observation = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if ep.messages is not None:
+        message = {"role": role, "content": observation}
+        ids = chat.continuation(ep.messages, ep.transcript[-1], message)
+        ep.messages = [*ep.messages, {"role": "assistant", "content": ep.transcript[-1]}, message]
     ep.tokens += ids
     ep.trained += [0] * len(ids)
     ep.logprobs += [0.0] * len(ids)

@@ -40,7 +40,8 @@ class RolloutWorker:
         self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
         self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
         self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
-        self.encode = encode  # a task's prompt tokens (the chat template, scalerl/rollout/chat.py); None: raw
+        self.encode = encode  # a task's prompt tokens; a PromptFormat (scalerl/rollout/chat.py) also renders later turns
+                              # through its chat template; None: raw
         self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
 
     @property

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import tiny_overrides
+
 from scalerl.errors import ScaleRLError
 from scalerl.rollout.chat import prompt_format
 from scalerl.types import SamplingParams, Task
@@ -17,23 +17,36 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] 
             "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
 
 
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory):
-    """A folder with the character tokenizer, its two turn tokens and the template, and a random-init Llama of its vocabulary."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def chat_tokenizer():
+    """The character tokenizer with its two turn tokens and the template."""
+    from transformers import AutoTokenizer
 
     from scalerl.models.paths import builtin_model_dir
 
-    folder = tmp_path_factory.mktemp("chat")
     tok = AutoTokenizer.from_pretrained(builtin_model_dir())
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = TEMPLATE
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
+    return tok
+
+
+def chat_llama(tok, seed: int = 0):
+    """A random-init Llama of `tok`'s vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                          bos_token_id=tok.bos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    return LlamaForCausalLM(config)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """A folder with `chat_tokenizer()` and a `chat_llama` of its vocabulary."""
+    folder = tmp_path_factory.mktemp("chat")
+    tok = chat_tokenizer()
+    tok.save_pretrained(folder)
+    chat_llama(tok).save_pretrained(folder)
     return folder
 
 
