@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,19 +13,24 @@ from scalerl.errors import ScaleRLError
 
 
 def export(
-    run_dir: Path = typer.Argument(..., help="A run folder of `scalerl train` (its newest intact checkpoint) or one checkpoint folder."),
-    out: Path = typer.Option(..., "--out", "-o", help="The folder to write (loadable with AutoModelForCausalLM.from_pretrained)."),
+    run_dir: Path = typer.Argument(..., help="A run folder of `scalerl train` (its newest intact checkpoint) or one checkpoint folder."),  # noqa: B008 (typer)
+    out: Path = typer.Option(..., "--out", "-o", help="The folder to write (loadable with AutoModelForCausalLM.from_pretrained)."),  # noqa: B008
     dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32: the dtype of the saved weights."),
+    quantize: str | None = typer.Option(None, "--quantize", help="nf4: the Linear layers' weights in 4-bit NormalFloat through "
+                                        "bitsandbytes (needs bitsandbytes and accelerate); embeddings and LM head stay in --dtype."),
+    merge_lora: bool = typer.Option(False, "--merge-lora", help="A LoRA run (model.lora): merge the adapters into the base weights "
+                                    "and write a plain model; without it a LoRA run exports its adapter folder (base named inside)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
-    """Export a run's policy: safetensors in --dtype, config, tokenizer, generation config with the run's EOS."""
+    """Export a run's policy: safetensors in --dtype (or nf4), config, tokenizer, generation config with the run's EOS."""
 
     def go() -> None:
         from scalerl.trainer.export import export_model
 
-        folder = export_model(run_dir, out, dtype, overwrite=overwrite, warn=lambda line: print(line, file=sys.stderr))
-        print(f"exported {folder} as {dtype} to {out}")
+        folder = export_model(run_dir, out, dtype, quantize=quantize, merge_lora=merge_lora, overwrite=overwrite,
+                              warn=lambda line: print(line, file=sys.stderr))
+        print(f"exported {folder} as {dtype}{f' ({quantize})' if quantize else ''}{' (LoRA merged)' if merge_lora else ''} to {out}")
 
     setup_logging()
     run_guarded(go, debug)
@@ -34,13 +38,13 @@ def export(
 
 def evaluate(
     model: str = typer.Argument(..., help="A model folder, 'builtin', a run folder (its newest intact checkpoint) or a checkpoint folder."),
-    env: Optional[str] = typer.Option(None, "--env", help="Environment (default: the run's, else arithmetic)."),
+    env: str | None = typer.Option(None, "--env", help="Environment (default: the run's, else arithmetic)."),
     samples: int = typer.Option(1, "--samples", "-k", min=1, help="Completions per task: the pass rate is their mean (mean@k)."),
-    temperature: Optional[float] = typer.Option(None, "--temperature", min=0.0, help="Default: 0 (greedy) with -k 1, else 1.0."),
-    max_tasks: Optional[int] = typer.Option(None, "--max-tasks", min=1, help="Evaluate on at most this many held-out tasks."),
-    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1, help="Default: the run's rollout.max_new_tokens."),
+    temperature: float | None = typer.Option(None, "--temperature", min=0.0, help="Default: 0 (greedy) with -k 1, else 1.0."),
+    max_tasks: int | None = typer.Option(None, "--max-tasks", min=1, help="Evaluate on at most this many held-out tasks."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Default: the run's rollout.max_new_tokens."),
     seed: int = typer.Option(0, "--seed", help="Seeds of sampled completions: derived from (seed, task)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON here."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the result as JSON here."),  # noqa: B008
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
     """Held-out pass rate (mean@k) of a model or run on an environment, with a 95 % confidence interval."""
@@ -56,8 +60,8 @@ def evaluate(
     run_guarded(go, debug)
 
 
-def run_eval(model: str, env_name: Optional[str], samples: int, temperature: Optional[float], max_tasks: Optional[int],
-             max_new_tokens: Optional[int], seed: int) -> dict:
+def run_eval(model: str, env_name: str | None, samples: int, temperature: float | None, max_tasks: int | None,
+             max_new_tokens: int | None, seed: int) -> dict:
     """The pass rate, its interval and what it was measured on (one process)."""
     import torch
 
@@ -98,7 +102,7 @@ def run_eval(model: str, env_name: Optional[str], samples: int, temperature: Opt
                             top_p=base.rollout.top_p, top_k=base.rollout.top_k)
     seeds = [derive_seed(seed, "eval", i) for i in range(len(tasks))] if temp > 0 else None
     sums = task_scores(environment, tasks, sampler, tokenizer, params, seeds, batch_size=base.eval.batch_size,
-                       max_turns=base.rollout.max_turns, encode=prompts.encode)
+                       max_turns=base.rollout.max_turns, encode=prompts)
     means = sums / samples
     binary = samples == 1 and bool(((means == 0) | (means == 1)).all())
     low, high = confidence_interval(means, binary)

@@ -12,6 +12,7 @@ from conftest import run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.models.loading import load_model
+from scalerl.models.paths import resolve_model_path
 from scalerl.predict.memory import ModelShape, estimate_memory, lora_tensors, shape_of_model_path
 from scalerl.trainer import loop
 
@@ -72,6 +73,31 @@ def test_a_lora_checkpoint_holds_the_adapters_and_loads_with_from_pretrained(run
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     assert any(n.endswith("lora_B.default.weight") and p.abs().max() > 0 for n, p in model.named_parameters())
     assert isinstance(CompletionModel(model), CompletionModel)
+
+
+def test_export_merges_the_adapters_or_writes_the_adapter_folder(runs, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    loop.train(load_config(overrides=tiny_overrides(runs, "lora-export", **{**LORA, "train.steps": 3, "checkpoint.every": 3})))
+    run = runs / "lora-export"
+    ids = torch.tensor([[5, 9, 12, 7, 3, 20]])
+    with torch.no_grad():
+        trained = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_0000003").eval()(ids).logits  # base + adapters
+        merged_out, adapters_out = tmp_path / "merged", tmp_path / "adapters"
+        for out, extra in ((merged_out, ["--merge-lora"]), (adapters_out, [])):
+            done = run_cli("-m", "scalerl.cli.main", "export", str(run), "--out", str(out), "--dtype", "fp32", *extra)
+            assert done.returncode == 0, done.stderr
+        merged = AutoModelForCausalLM.from_pretrained(merged_out).eval()
+        assert not any("lora" in n for n, _ in merged.named_parameters())  # a plain model: W + (alpha/r) B A
+        assert torch.allclose(merged(ids).logits, trained, atol=1e-5)
+        assert (adapters_out / "adapter_model.safetensors").is_file() and not (adapters_out / "model.safetensors").exists()
+        assert torch.allclose(AutoModelForCausalLM.from_pretrained(adapters_out).eval()(ids).logits, trained, atol=1e-6)
+        base = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin")).eval()
+        assert (base(ids).logits - trained).abs().max() > 1e-4  # the adapters did move the policy
+    full = runs / "full"
+    loop.train(load_config(overrides=tiny_overrides(runs, "full", **{"train.steps": 2, "checkpoint.every": 2})))
+    done = run_cli("-m", "scalerl.cli.main", "export", str(full), "--out", str(tmp_path / "x"), "--merge-lora")
+    assert done.returncode == 2 and "holds no LoRA adapters" in done.stderr and "\n" not in done.stderr.strip()
 
 
 def test_the_estimate_of_a_lora_run_matches_the_learner_and_the_hand_count(runs):
