@@ -359,6 +359,31 @@ class ParallelConfig(_Section):
         return self
 
 
+class ForgettingConfig(_Section):
+    """Keeping what the policy knew (source 000 §5.2; scalerl/trainer/forgetting.py): an SFT anchor and EWC."""
+
+    data: Path | None = Field(None, description="Anchor data of the earlier task: a JSONL file of {prompt, response} rows (prompt: text or "
+                                                "{role, content} messages, chat-templated as env.chat_template; TRL's 'completion' is read as "
+                                                "the response) or a datasets save_to_disk folder. The SFT anchor trains on it; EWC measures its Fisher on it.")
+    sft_fraction: float = Field(0.05, ge=0, lt=1, description="SFT anchor rows per optimizer update, as a fraction of the mini-batch's completions "
+                                                              "(at least 1); 0: no SFT anchor. Needs data.")
+    sft_weight: float = Field(1.0, ge=0, description="Weight of the anchor's token-mean NLL beside the RL loss (logged as sft/loss).")
+    ewc: bool = Field(False, description="Elastic weight consolidation: loss += ewc_lambda * sum_i F_i (theta_i - theta*_i)^2, F the diagonal Fisher "
+                                         "of the anchor data at the starting weights theta* (measured at step 0, checkpointed). Needs data.")
+    ewc_lambda: float = Field(0.1, gt=0, description="EWC's lambda (0.1 as source 000).")
+    fisher_batches: int = Field(4, ge=1, description="EWC: anchor batches of rollout.prompts_per_step rows each that the Fisher is measured on.")
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> "ForgettingConfig":
+        if self.ewc and self.data is None:
+            raise ValueError("ewc needs data (the earlier task's prompt/response rows the Fisher is measured on)")
+        return self
+
+    @property
+    def sft(self) -> bool:
+        return self.data is not None and self.sft_fraction > 0 and self.sft_weight > 0
+
+
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0, description="Save every N steps (0: only at the end).")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted once a newer one is complete.")
@@ -565,6 +590,7 @@ class Config(_Section):
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    forgetting: ForgettingConfig = Field(default_factory=ForgettingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
@@ -646,6 +672,9 @@ class Config(_Section):
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         if self.model.lora.enabled and self.parallel.strategy == "fsdp2":
             raise ValueError("model.lora with parallel.strategy=fsdp2 is not supported yet; use parallel.strategy=ddp (the adapters are small)")
+        if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
+            raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
+                             "weights); use parallel.strategy=ddp or dynamic")
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")

@@ -135,14 +135,15 @@ def estimate(
                               completion_len=cfg.rollout.max_new_tokens, rollout_sequences=cfg.batch_size,
                               reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                               checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0,
-                              lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None)
+                              lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None,
+                              ewc=cfg.forgetting.ewc)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
               f"precision {mode}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
         if cfg.model.lora.enabled:
             print(f"LoRA r={cfg.model.lora.r} on {cfg.model.lora.target_modules}: weights, gradients and optimizer are the adapters'; "
                   "the base is frozen_base; the reference is the base with the adapters off (no copy)")
-        for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "working_copy", "activations", "kv_cache",
+        for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy", "activations", "kv_cache",
                     "optimizer_step", "reference", "critic", "peak"):
             print(f"  {key:<14} {mem[key] / GIB:10.3f} GiB")
         n = gpus_needed(mem, gpu_mem_gb)

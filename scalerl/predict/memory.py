@@ -209,10 +209,11 @@ def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = Fa
 def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: bool = False, micro_batch: int,
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
-                    entropy: bool = False, lora: tuple[int, list[str] | str] | None = None) -> dict[str, float]:
+                    entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
     `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
-    the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off)."""
+    the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off).
+    `ewc`: EWC's anchor copy of the trained weights (their width) and its float32 Fisher, on every rank."""
     precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -227,6 +228,7 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
         "params": float(n),
         **state_bytes(trained, p, optim_8bit=optim_8bit),
         "frozen_base": float(n * p.weights) if lora else 0.0,
+        "ewc": float(sum(math.prod(t) for t in trained) * (p.weights + 4)) if ewc else 0.0,
         "working_copy": working_copy_bytes(shape, p),
         "activations": micro_batch * seq * activation_bytes_per_token(shape, p, checkpointing=checkpointing) + logits,
         "kv_cache": float(shape.layers * 2 * shape.kv_heads * shape.head_dim * rollout_sequences * seq * p.kv),
@@ -238,8 +240,8 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
         out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
     out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
-    out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "working_copy", "reference",
-                                         "critic"))
+    out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy",
+                                         "reference", "critic"))
     out["peak"] = out["states"] + max(out["activations"], out["kv_cache"], out["optimizer_step"])
     return out
 

@@ -166,10 +166,12 @@ def _modules(model: nn.Module, extra: dict[str, nn.Module]) -> nn.Module:
     return nn.ModuleDict({"policy": model, **extra})
 
 
-def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, nn.Module]) -> dict[str, Any]:
-    """Every rank's part of the weights and optimizer state, keyed by parameter name (DCP's input)."""
+def _sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, nn.Module],
+                   tensors: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every rank's part of the weights and optimizer state, keyed by parameter name (DCP's input), and
+    `tensors`: further named tensors of the learner (e.g. EWC's anchors and Fisher), which DCP loads in place."""
     weights, optim = get_state_dict(_modules(model, extra), optimizer, options=TRAINED)
-    return {"model": weights, "optim": optim}
+    return {"model": weights, "optim": optim, **({"tensors": tensors} if tensors else {})}
 
 
 def _unwrapped(fn: Callable[[], Any]) -> Any:
@@ -207,9 +209,11 @@ def save_checkpoint(
     root: Path, step: int, *, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
     optimizer: torch.optim.Optimizer, rng: dict[str, torch.Tensor],
     trainer_state: dict[str, Any], keep_last: int, extra_modules: dict[str, nn.Module] | None = None,
+    tensors: dict[str, Any] | None = None,
 ) -> Path:
     """Save on every rank (collective). `model`: the policy's Hugging Face module (sharded or not, never
-    a DDP wrapper); `extra_modules`: e.g. {"critic": critic}, unwrapped too."""
+    a DDP wrapper); `extra_modules`: e.g. {"critic": critic}, unwrapped too; `tensors`: a nested dict of
+    further tensors (saved in the DCP shards only)."""
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
     extra_modules = extra_modules or {}
@@ -220,7 +224,8 @@ def save_checkpoint(
         tmp.mkdir()
 
     def shards() -> None:  # every rank: its shards (DCP's coordinator, rank 0, commits .metadata), its RNG streams
-        _unwrapped(lambda: dcp.save(_sharded_state(model, optimizer, extra_modules), checkpoint_id=tmp / "dcp", no_dist=not ctx.active))
+        _unwrapped(lambda: dcp.save(_sharded_state(model, optimizer, extra_modules, tensors), checkpoint_id=tmp / "dcp",
+                                    no_dist=not ctx.active))
         torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt")
 
     exports: dict[str, dict[str, torch.Tensor]] = {}
@@ -290,13 +295,13 @@ def load_model_weights(model: torch.nn.Module, folder: Path, skip: set[str] = fr
 
 
 def load_checkpoint(folder: Path, *, ctx: DistContext, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    extra_modules: dict[str, torch.nn.Module] | None = None
+                    extra_modules: dict[str, torch.nn.Module] | None = None, tensors: dict[str, Any] | None = None
                     ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Restore model, optimizer (and extra modules such as a critic) in place from the DCP shards, at
-    any world size and strategy (on every rank: a collective); returns (trainer_state, this rank's RNG states)."""
+    """Restore model, optimizer (and extra modules such as a critic, and `tensors`) in place from the DCP shards,
+    at any world size and strategy (on every rank: a collective); returns (trainer_state, this rank's RNG states)."""
     extra_modules = extra_modules or {}
     if (folder / "dcp").is_dir():
-        state = _sharded_state(model, optimizer, extra_modules)  # the layout to fill: this run's shards
+        state = _sharded_state(model, optimizer, extra_modules, tensors)  # the layout to fill: this run's shards
         _unwrapped(lambda: dcp.load(state, checkpoint_id=folder / "dcp", no_dist=not ctx.active))
         set_state_dict(_modules(model, extra_modules), optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                        options=TRAINED_LOAD)

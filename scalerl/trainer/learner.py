@@ -31,10 +31,11 @@ from scalerl.algorithms.losses import aggregation_units, mask_truncated
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.distributed.context import DistContext
-from scalerl.distributed.parallel import Strategy, unwrap
+from scalerl.distributed.parallel import CompletionModel, Strategy, unwrap
 from scalerl.plan import BatchPlan, PrecisionPolicy
 from scalerl.precision.apply import component_bytes, expected_bytes
 from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
+from scalerl.trainer.forgetting import Forgetting
 from scalerl.trainer.optim import lr_factor
 from scalerl.types import Rollout, ScoredBatch
 
@@ -86,15 +87,17 @@ class Learner:
                  reference_forward: torch.nn.Module | None, critic: torch.nn.Module | None, value_head: bool,
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
-                 parallel: Strategy):
+                 parallel: Strategy, forgetting: Forgetting | None = None):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
-        `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too."""
+        `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
+        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/trainer/forgetting.py)."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
         self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]  # peak lr of each group (policy, critic)
         self.state = LearnerState(max_grad_norm=optim.max_grad_norm)
+        self.forgetting = forgetting
 
     @property
     def version(self) -> int:
@@ -200,6 +203,10 @@ class Learner:
                                                         self.objective["max_new_tokens"]), t.loss_mask[rows].sum()])
                 normalizer, tokens = self.ctx.sum(counts.double()).tolist()
                 stats: dict[str, float] = {"loss": 0.0}
+                if self.forgetting is not None:  # the SFT anchor's rows: gradients kept local, summed with the last micro-batch's
+                    with self.parallel.accumulating(sync=False):
+                        stats.update(self.forgetting.sft_backward(self.policy_forward, self.state.updates, self.autocast,
+                                                                  self.precision.fp32_lm_head))
                 for micro in range(start, rows.stop, plan.micro_batch_size):
                     last = micro + plan.micro_batch_size >= rows.stop  # only its backward reduces across ranks
                     with self.parallel.accumulating(sync=last):
@@ -207,7 +214,7 @@ class Learner:
                     stats["loss"] += diagnostics.pop("loss")  # already normalised by the whole mini-batch
                     for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
                         stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
-                stats["grad_norm"] = self.apply_update(guard_scale)
+                stats["grad_norm"] = self.apply_update(guard_scale, stats)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
         return {k: v / plan.updates_per_step for k, v in sums.items()}
@@ -231,9 +238,12 @@ class Learner:
         loss.backward()
         return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
 
-    def apply_update(self, guard_scale: float = 1.0) -> float:
-        """Finish the sum of gradients over ranks, clip, step (skipped when the gradient is not finite); returns the norm."""
+    def apply_update(self, guard_scale: float = 1.0, stats: dict[str, float] | None = None) -> float:
+        """Finish the sum of gradients over ranks (then add EWC's, the same on every rank), clip, step (skipped when
+        the gradient is not finite); returns the norm. `stats` receives the EWC penalty."""
         self.parallel.finish_gradients()
+        if self.forgetting is not None:
+            (stats if stats is not None else {}).update(self.forgetting.ewc_gradients())
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         # The strategy's norm (of the summed gradient; dynamic sharding: each rank's own, the skip agreed) gives every rank the same skip.
         grad_norm = self.parallel.grad_norm(params, self.state.max_grad_norm or math.inf)
@@ -269,6 +279,22 @@ class Learner:
     def extra_modules(self) -> dict[str, torch.nn.Module]:
         """What a checkpoint keeps besides the policy: PPO's critic, unwrapped (its names as a lone module's)."""
         return {"critic": unwrap(self.critic)} if self.critic is not None else {}
+
+    def extra_tensors(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides modules and optimizer: EWC's anchors and Fisher."""
+        ewc = self.forgetting.ewc if self.forgetting is not None else None
+        return {"ewc": ewc.state_dict()} if ewc is not None else {}
+
+    def start_forgetting(self) -> str | None:
+        """At step 0 of a run: measure EWC's Fisher at the starting weights. Returns the start-up line (None: no forgetting terms)."""
+        fg = self.forgetting
+        if fg is None:
+            return None
+        parts = [f"SFT anchor: {fg.rows} of {len(fg.anchor)} rows per update" if fg.rows else ""]
+        if fg.ewc is not None:
+            n = fg.measure_fisher(CompletionModel(self.policy), self.autocast, self.precision.fp32_lm_head)
+            parts.append(f"EWC: Fisher of {n} anchor rows, lambda {fg.ewc.lam}, anchors + Fisher {fg.ewc.bytes() / 2**20:.2f} MiB per rank")
+        return "; ".join(p for p in parts if p)
 
     def component_bytes(self, expected: bool = False) -> dict[str, int]:
         """Bytes of the weights, gradients, optimizer moments, error feedback and reference held now; with

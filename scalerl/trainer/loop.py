@@ -34,6 +34,7 @@ from scalerl.trainer.evaluation import pass_rate
 from scalerl.trainer.learner import Learner
 from scalerl.trainer.recovery import HealthGuard
 from scalerl.trainer.setup import (
+    build_forgetting,
     build_learner,
     build_rollout,
     check_offload,
@@ -65,7 +66,7 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
-    learner = build_learner(config, ctx, policy)
+    learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer))
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
                             gather=lambda: learner.parallel.gathered(learner.policy_forward))
     return rollout, learner, run_dir
@@ -88,6 +89,7 @@ def evaluate(config: Config, rollout: RolloutWorker, step: int) -> float:
 def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path, step: int, state: dict[str, Any]) -> None:
     ckpt.save_checkpoint(run_dir / "checkpoints", step, ctx=learner.ctx, model=learner.policy, tokenizer=rollout.tokenizer,
                          optimizer=learner.optimizer, rng={"torch": torch.get_rng_state()}, extra_modules=learner.extra_modules(),
+                         tensors=learner.extra_tensors(),
                          trainer_state={**state, "rollout": rollout.state_dict(), "learner": learner.state_dict()},
                          keep_last=config.checkpoint.keep_last)
 
@@ -101,7 +103,7 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Calla
     learner.ctx.barrier()
     def load(folder: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:  # all of it, so any damage is caught here
         state, rng = ckpt.load_checkpoint(folder, ctx=learner.ctx, model=learner.policy, optimizer=learner.optimizer,
-                                          extra_modules=learner.extra_modules())
+                                          extra_modules=learner.extra_modules(), tensors=learner.extra_tensors())
         learner.load_state_dict(state.pop("learner"))
         rollout.load_state_dict(state.pop("rollout"))
         return state, rng
@@ -153,6 +155,8 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
         console.print(learner.parallel.describe())
     if resume:
         console.print(f"resumed from step {start_step} in {run_dir}")
+    if start_step == 0 and (line := learner.start_forgetting()):
+        console.print(line)
     health = HealthGuard(config.health, rollout, learner, run_dir, console.print, resume_after=start_step if resume else None,
                          pass_rate_before=state.get("pass_rate_before"), monitor_state=state.pop("health", None))
     wall_start = time.perf_counter()

@@ -31,6 +31,7 @@ from scalerl.rollout.chat import prompt_format
 from scalerl.rollout.prompts import PromptStream
 from scalerl.rollout.worker import BatchFilters, RolloutWorker
 from scalerl.trainer.algorithm import objective_settings
+from scalerl.trainer.forgetting import AnchorData, EWCState, Forgetting
 from scalerl.trainer.learner import Learner
 from scalerl.trainer.optim import build_optimizer
 from scalerl.types import SamplingParams
@@ -155,7 +156,23 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
     return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device, dtype).train()
 
 
-def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> Learner:
+def build_forgetting(config: Config, ctx: DistContext, policy: torch.nn.Module, tokenizer) -> Forgetting | None:
+    """The SFT anchor's data and EWC's state (θ* = the policy's weights now, F filled at step 0 or from a
+    checkpoint), or None when `forgetting` asks for neither."""
+    fg = config.forgetting
+    if not (fg.sft or fg.ewc):
+        return None
+    prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
+    anchor = AnchorData.build(fg.data, prompts.encode, tokenizer, prompts.stop_ids()[-1], config.train.seed, ctx.rank)
+    trained = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+    ewc = EWCState.zeros(trained, fg.ewc_lambda) if fg.ewc else None
+    rows = max(1, round(fg.sft_fraction * config.plan.mini_batch_size)) if fg.sft else 0
+    return Forgetting(anchor=anchor, rows=rows, sft_weight=fg.sft_weight if fg.sft else 0.0, ewc=ewc,
+                      params=[p for _, p in trained], ctx=ctx, fisher_rows=config.rollout.prompts_per_step,
+                      fisher_batches=fg.fisher_batches)
+
+
+def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None) -> Learner:
     """Reference, critic, the parallel strategy's wrapping, optimizer and β controller around the policy; a
     learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
     the parameters for their shards)."""
@@ -183,7 +200,7 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module) -> 
     return Learner(policy=policy, policy_forward=policy_forward, reference=reference, reference_forward=reference_forward, critic=critic, value_head=algo.name == "ppo" and algo.critic == "head",
                    optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision_policy, algo=algo, optim=config.optim,
                    objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
-                   temperature=config.rollout.temperature, ctx=ctx, parallel=parallel)
+                   temperature=config.rollout.temperature, ctx=ctx, parallel=parallel, forgetting=forgetting)
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
@@ -210,4 +227,4 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
                          seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf",
-                         encode=prompts.encode)
+                         encode=prompts)
