@@ -384,6 +384,18 @@ class ForgettingConfig(_Section):
         return self.data is not None and self.sft_fraction > 0 and self.sft_weight > 0
 
 
+class ReplayConfig(_Section):
+    """Older prompt groups mixed into each step's batch (scalerl/rollout/replay_mix.py, buffers in scalerl/replay/)."""
+
+    kind: Literal["none", "uniform", "prioritized"] = Field("none", description="none: no replay; uniform; prioritized: proportional PER "
+                                                                                "(Schaul et al. 2016), priority = the group's reward spread.")
+    capacity: int | None = Field(None, ge=1, description="Groups held per rank; default 10 x train.steps (source 002).")
+    groups_per_step: int = Field(2, ge=1, description="Replayed groups per step; they take the places of the fresh groups with the least "
+                                                     "reward spread, so the batch keeps its size.")
+    alpha: float = Field(0.6, ge=0, description="prioritized: P(i) proportional to (spread + eps)^alpha.")
+    beta: float = Field(0.4, ge=0, le=1, description="prioritized: importance-weight exponent at step 1, annealed to 1 at the last step.")
+
+
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0, description="Save every N steps (0: only at the end).")
     keep_last: int = Field(2, ge=1, description="Complete checkpoints kept; older ones are deleted once a newer one is complete.")
@@ -591,6 +603,7 @@ class Config(_Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     forgetting: ForgettingConfig = Field(default_factory=ForgettingConfig)
+    replay: ReplayConfig = Field(default_factory=ReplayConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
@@ -672,6 +685,11 @@ class Config(_Section):
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         if self.model.lora.enabled and self.parallel.strategy == "fsdp2":
             raise ValueError("model.lora with parallel.strategy=fsdp2 is not supported yet; use parallel.strategy=ddp (the adapters are small)")
+        if self.replay.kind != "none" and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
+            raise ValueError("replay needs an off-policy correction for the replayed rows: set algorithm.tis_cap (e.g. 2.0, truncated "
+                             "importance sampling against their sampler log-probs) or algorithm.off_policy_mask")
+        if self.replay.kind != "none" and self.rollout.max_turns > 1:
+            raise ValueError("replay with rollout.max_turns > 1 is not supported yet (replay stores single-turn groups); set replay.kind=none")
         if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
             raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
                              "weights); use parallel.strategy=ddp or dynamic")

@@ -137,6 +137,7 @@ class ScoredBatch:
     completions: list[str]  # (B,) decoded completions, for dumps
     generated_tokens: int  # completion tokens sampled, before any filtering
     metrics: dict[str, float] = field(default_factory=dict)  # the rollout side's own (reward components, filters)
+    row_weights: torch.Tensor | None = None  # (B,) importance weights of replayed rows (PER), scaling their advantages; None: all 1
 
     def __len__(self) -> int:
         return len(self.rollout)

@@ -21,6 +21,7 @@ from scalerl.distributed.context import DistContext
 from scalerl.rewards.pipeline import RewardPipeline
 from scalerl.rollout.base import Sampler
 from scalerl.rollout.multiturn import sample_episodes
+from scalerl.rollout.replay_mix import ReplayMixer
 from scalerl.rollout.prompts import PromptStream
 from scalerl.types import Rollout, SamplingParams, ScoredBatch, Task, derive_seed
 
@@ -36,13 +37,14 @@ class BatchFilters:
 class RolloutWorker:
     def __init__(self, *, sampler: Sampler, env, tokenizer, stream: PromptStream, rewards: RewardPipeline,
                  params: SamplingParams, filters: BatchFilters, seed: int, max_turns: int, ctx: DistContext,
-                 shares_weights: bool, encode: Callable[[Task], list[int]] | None = None):
+                 shares_weights: bool, encode: Callable[[Task], list[int]] | None = None, replay: ReplayMixer | None = None):
         self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
         self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
         self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
         self.encode = encode  # a task's prompt tokens; a PromptFormat (scalerl/rollout/chat.py) also renders later turns
                               # through its chat template; None: raw
         self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
+        self.replay = replay  # older groups mixed into each batch (scalerl/rollout/replay_mix.py); None: no replay
 
     @property
     def version(self) -> int:
@@ -64,6 +66,8 @@ class RolloutWorker:
         batch = ScoredBatch(rollout, rewards, task_rewards, policy_version=self.version,
                             prompts=[tasks[g].prompt for g in group_ids], completions=[c.text for c in completions],
                             generated_tokens=generated, metrics=metrics)
+        if self.replay is not None:
+            batch = self.replay.mix(batch)
         self.last_batch = batch
         return batch
 

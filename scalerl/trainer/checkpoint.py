@@ -209,11 +209,12 @@ def save_checkpoint(
     root: Path, step: int, *, ctx: DistContext, model: torch.nn.Module, tokenizer: Any,
     optimizer: torch.optim.Optimizer, rng: dict[str, torch.Tensor],
     trainer_state: dict[str, Any], keep_last: int, extra_modules: dict[str, nn.Module] | None = None,
-    tensors: dict[str, Any] | None = None,
+    tensors: dict[str, Any] | None = None, rank_files: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save on every rank (collective). `model`: the policy's Hugging Face module (sharded or not, never
     a DDP wrapper); `extra_modules`: e.g. {"critic": critic}, unwrapped too; `tensors`: a nested dict of
-    further tensors (saved in the DCP shards only)."""
+    further tensors (saved in the DCP shards only); `rank_files(folder)`: this rank's own further files
+    (e.g. its replay buffer), written into the checkpoint before the manifest covers them."""
     final = root / f"step_{step:07d}"
     tmp = root / f"step_{step:07d}.tmp"
     extra_modules = extra_modules or {}
@@ -227,6 +228,8 @@ def save_checkpoint(
         _unwrapped(lambda: dcp.save(_sharded_state(model, optimizer, extra_modules, tensors), checkpoint_id=tmp / "dcp",
                                     no_dist=not ctx.active))
         torch.save(rng, tmp / f"rng_rank{ctx.rank}.pt")
+        if rank_files is not None:
+            rank_files(tmp)
 
     exports: dict[str, dict[str, torch.Tensor]] = {}
 

@@ -162,8 +162,10 @@ class Learner:
         mask = mask_truncated(rollout.completion_mask, rollout.truncated) if algo.mask_truncated_completions else rollout.completion_mask
         ref_lp = self.frozen_forward(self.reference_forward, rollout) if self.reference_forward is not None else None
         old_lp = self.frozen_forward(self.policy_forward, rollout) if need_old else None
+        w = batch.row_weights.to(mask.device) if batch.row_weights is not None else None  # PER's importance weights (replay)
         if algo.name != "ppo":
-            return Targets(mask, self.global_outcome_advantages(batch.rewards), old_lp, ref_lp)
+            advantages = self.global_outcome_advantages(batch.rewards)
+            return Targets(mask, advantages if w is None else advantages * w, old_lp, ref_lp)
         old_values = self.frozen_forward(None, rollout, values=True)
         token_rewards = outcome_token_rewards(batch.rewards, mask)  # (B, T)
         if algo.kl.in_reward and ref_lp is not None and beta > 0:  # classic RLHF: r_t − β·(log π_old − log π_ref)
@@ -171,7 +173,7 @@ class Learner:
         advantages, returns = gae(token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
         if algo.whiten_advantages:  # over the tokens of every rank
             advantages = whiten(advantages, mask, moments=self.ctx.sum(masked_moments(advantages, mask)))
-        return Targets(mask, advantages, old_lp, ref_lp, old_values, returns)
+        return Targets(mask, advantages if w is None else advantages * w[:, None], old_lp, ref_lp, old_values, returns)
 
     def kl_guard(self, t: Targets) -> tuple[float, dict[str, float]]:
         """With kl.max_kl: KL(π_θ ‖ π_ref) of the whole batch (all ranks) before the update, at kl.level;

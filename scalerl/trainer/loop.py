@@ -90,6 +90,7 @@ def save(config: Config, rollout: RolloutWorker, learner: Learner, run_dir: Path
     ckpt.save_checkpoint(run_dir / "checkpoints", step, ctx=learner.ctx, model=learner.policy, tokenizer=rollout.tokenizer,
                          optimizer=learner.optimizer, rng={"torch": torch.get_rng_state()}, extra_modules=learner.extra_modules(),
                          tensors=learner.extra_tensors(),
+                         rank_files=(lambda folder: rollout.replay.save(folder, learner.ctx.rank)) if rollout.replay else None,
                          trainer_state={**state, "rollout": rollout.state_dict(), "learner": learner.state_dict()},
                          keep_last=config.checkpoint.keep_last)
 
@@ -106,6 +107,8 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Calla
                                           extra_modules=learner.extra_modules(), tensors=learner.extra_tensors())
         learner.load_state_dict(state.pop("learner"))
         rollout.load_state_dict(state.pop("rollout"))
+        if rollout.replay is not None:
+            rollout.replay.load(folder, learner.ctx.rank)
         return state, rng
 
     loaded = ckpt.load_newest_intact(root, learner.ctx, load, warn)

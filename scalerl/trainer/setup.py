@@ -28,13 +28,15 @@ from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
 from scalerl.rollout.chat import prompt_format
+from scalerl.replay.buffer import ReplayBuffer
 from scalerl.rollout.prompts import PromptStream
+from scalerl.rollout.replay_mix import ReplayMixer
 from scalerl.rollout.worker import BatchFilters, RolloutWorker
 from scalerl.trainer.algorithm import objective_settings
 from scalerl.trainer.forgetting import AnchorData, EWCState, Forgetting
 from scalerl.trainer.learner import Learner
 from scalerl.trainer.optim import build_optimizer
-from scalerl.types import SamplingParams
+from scalerl.types import SamplingParams, derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -227,4 +229,14 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
                          seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf",
-                         encode=prompts)
+                         encode=prompts, replay=build_replay(config, ctx, tokenizer))
+
+
+def build_replay(config: Config, ctx: DistContext, tokenizer) -> ReplayMixer | None:
+    """This rank's replay buffer and mixer (`replay.*`), or None."""
+    rp = config.replay
+    if rp.kind == "none":
+        return None
+    buffer = ReplayBuffer(rp.capacity or 10 * config.train.steps, kind=rp.kind, alpha=rp.alpha if rp.kind == "prioritized" else 0.0,
+                          beta=rp.beta, beta_final=1.0, beta_steps=config.train.steps, seed=derive_seed(config.train.seed, "replay", ctx.rank))
+    return ReplayMixer(buffer, rp.groups_per_step, config.rollout.group_size, tokenizer.pad_token_id)

@@ -43,12 +43,15 @@ VARIANTS = {
                          "algorithm.kl.target_kl": 1e-4, "algorithm.kl.horizon": 50},
     # LoRA: the checkpoint holds the adapters and their moments only; the KL runs on the base (adapters off)
     "lora": {"model.lora.r": 4, "optim.lr": 1e-3},
+    # a prioritised replay buffer (inside each checkpoint) draws on after the resume as it would have
+    "replay": {"replay.kind": "prioritized", "algorithm.tis_cap": 2.0, "replay.groups_per_step": 2},
     # the SFT anchor's draws and EWC's anchors and Fisher (in the DCP shards) carry over too
     "forgetting": {"forgetting.data": str(ROOT / "tests" / "trainer" / "data" / "addition_anchor.jsonl"), "forgetting.ewc": True,
                    "forgetting.ewc_lambda": 10.0},
 }
 WEIGHT_FILES = {"grpo": ["model.safetensors"], "ppo": ["model.safetensors", "critic.safetensors"], "scalerl-adaptive": ["model.safetensors"],
-                "lora": ["adapter_model.safetensors"], "forgetting": ["model.safetensors"]}
+                "lora": ["adapter_model.safetensors"], "forgetting": ["model.safetensors"],
+                "replay": ["model.safetensors"]}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -75,6 +78,10 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
     for name in WEIGHT_FILES[variant]:
         final = f"checkpoints/step_0000006/{name}"
         assert (runs / "resumed" / final).read_bytes() == (runs / "straight" / final).read_bytes()
+    if variant == "replay":  # replayed groups were in every batch after the first, and the buffer travelled
+        rows = read_metrics(runs / "resumed")
+        assert rows[0]["replay/groups"] == 0 and all(r["replay/groups"] == 2 for r in rows[1:]) and rows[-1]["staleness"] > 0
+        assert (runs / "resumed" / "checkpoints" / "step_0000006" / "replay_rank0" / "meta.json").is_file()
     if variant == "forgetting":  # both terms were on throughout, the resumed half with the saved Fisher
         assert all(r["ewc/loss"] is not None and r["sft/loss"] > 0 for r in read_metrics(runs / "resumed"))
         assert read_metrics(runs / "resumed")[-1]["ewc/loss"] > 0
