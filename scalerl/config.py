@@ -394,6 +394,19 @@ class ReplayConfig(_Section):
                                                      "reward spread, so the batch keeps its size.")
     alpha: float = Field(0.6, ge=0, description="prioritized: P(i) proportional to (spread + eps)^alpha.")
     beta: float = Field(0.4, ge=0, le=1, description="prioritized: importance-weight exponent at step 1, annealed to 1 at the last step.")
+    init_from: Path | None = Field(None, description="Start from a saved buffer (a checkpoint's replay_rank<R> folder) instead of an empty "
+                                                     "one; `scalerl continual` carries each segment's buffer to the next this way.")
+
+
+class ContinualConfig(_Section):
+    """`scalerl continual` (scalerl/trainer/continual.py): new data → online evaluation → incremental RL → validation."""
+
+    data_arg: str = Field("train_file", description="The env.args key each new data file is given as (arithmetic: train_file; math: data_path).")
+    steps_per_batch: int = Field(50, ge=1, description="Training steps on each new data file.")
+    validate_every_s: float = Field(8 * 3600.0, gt=0, description="Validate against the held-out set once this long has passed since the last.")
+    validate_every_steps: int | None = Field(None, ge=1, description="Also validate once this many training steps have passed (tests: 1).")
+    max_kl: float = Field(1.2, gt=0, description="Roll back when KL(current || validated), per completion, exceeds this.")
+    max_regression: float = Field(0.05, ge=0, description="Roll back when the held-out pass rate falls more than this below the validated one.")
 
 
 class CheckpointConfig(_Section):
@@ -604,6 +617,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     forgetting: ForgettingConfig = Field(default_factory=ForgettingConfig)
     replay: ReplayConfig = Field(default_factory=ReplayConfig)
+    continual: ContinualConfig = Field(default_factory=ContinualConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)

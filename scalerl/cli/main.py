@@ -13,6 +13,7 @@ from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.predict import predict
 from scalerl.cli.report import report
+from scalerl.errors import ScaleRLError
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="ScaleRL: RL post-training for language models.")
 
@@ -86,6 +87,32 @@ def auto_shard(
         out.write_text(text)
         print("".join(line[2:] + "\n" for line in text.splitlines() if line.startswith("# ")), end="")
         print(f"wrote {out}: use it with scalerl train --config {out} (with your own config's keys beside it)")
+
+    setup_logging()
+    run_guarded(go, debug)
+
+
+@app.command("continual")
+def continual(
+    root: Path = typer.Argument(..., help="The continual run's folder (state, events, one run per data file under segments/)."),
+    watch: Path = typer.Option(..., "--watch", help="The folder new JSONL data files arrive in (each processed once, by name order)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of overrides: the recipe of every segment."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one key, e.g. --set continual.steps_per_batch=20 (repeatable)."),
+    once: bool = typer.Option(False, "--once", help="Process the files there now and stop, instead of watching for more."),
+    poll_s: float = typer.Option(30.0, "--poll-s", min=0.1, help="Seconds between looks at --watch."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Keep training on new data: online evaluation, incremental RL, validation with rollback (scalerl/trainer/continual.py)."""
+
+    def go() -> None:
+        from scalerl.config import load_config
+        from scalerl.trainer.continual import STATE_FILE, run_continual
+
+        saved = root / "config.yaml"
+        if (root / STATE_FILE).is_file() and (config is not None or set_):
+            raise ScaleRLError(f"{root} is a continual run already: it keeps its config.yaml; drop --config/--set, or choose another folder")
+        cfg = load_config(saved) if (root / STATE_FILE).is_file() else load_config(config, list(set_))
+        run_continual(root, cfg, watch, once=once, poll_s=poll_s)
 
     setup_logging()
     run_guarded(go, debug)

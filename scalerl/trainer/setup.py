@@ -239,4 +239,6 @@ def build_replay(config: Config, ctx: DistContext, tokenizer) -> ReplayMixer | N
         return None
     buffer = ReplayBuffer(rp.capacity or 10 * config.train.steps, kind=rp.kind, alpha=rp.alpha if rp.kind == "prioritized" else 0.0,
                           beta=rp.beta, beta_final=1.0, beta_steps=config.train.steps, seed=derive_seed(config.train.seed, "replay", ctx.rank))
+    if rp.init_from is not None:  # a buffer saved by an earlier run (scalerl continual's previous segment)
+        buffer = ReplayBuffer.load(rp.init_from)
     return ReplayMixer(buffer, rp.groups_per_step, config.rollout.group_size, tokenizer.pad_token_id)
