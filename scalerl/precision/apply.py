@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any
 
@@ -29,6 +30,13 @@ def fp8_backend(policy: PrecisionPolicy, device: torch.device) -> str | None:
     except ImportError:
         raise ScaleRLError("precision.fp8=torchao needs `pip install 'scalerl[fp8]'` (torchao)") from None
     return "torchao"
+
+
+def autocast_context(policy: PrecisionPolicy, device: torch.device):
+    """The compute precision's autocast context (a null context when matmuls run in the weights' dtype)."""
+    if policy.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, policy.autocast_dtype))
 
 
 def check_precision(policy: PrecisionPolicy, device: torch.device) -> None:

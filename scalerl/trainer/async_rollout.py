@@ -1,0 +1,162 @@
+"""`rollout.mode: async`: the learner's side of an asynchronous run (PipelineRL-k).
+
+    learner process                                   producer process (async_producer.py)
+    ───────────────                                   ────────────────────────────────────
+    produce(s)   ← batch s + the producer's state ←   samples batch s with weights v >= s − 1 − k
+    learn(batch s)                                    samples batch s + 1, s + 2, … (admission)
+    sync_weights → weights v = s, version →           takes the newest weights between batches
+
+`AsyncRollout` stands where the `RolloutWorker` stands in the loop (produce, sync_weights,
+state_dict, load_state_dict, close); the evaluation and the health monitor keep using a local
+RolloutWorker over the learner's own modules (`local`), so held-out scores are of the learner's
+newest weights. Batches and weights move over a gloo pair link (scalerl/distributed/pair_link.py).
+
+Weights change between batches, not between the tokens of one generation: every row of a batch was
+sampled by one version, `ScoredBatch.policy_version`, and the learner's off-policy path (π_old
+recomputed, the sampler's log-probs through `algorithm.tis_cap` or `off_policy_mask`) corrects for
+it. Checkpoints keep the producer's state after the last batch the learner took; batches queued or
+in flight at a stop are sampled again on resume from the same prompts and seeds, so a resumed run
+neither repeats nor skips prompts. Their number is said when the producer stops.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalerl.config import Config
+from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout
+from scalerl.errors import ScaleRLError
+from scalerl.rollout.worker import RolloutWorker
+from scalerl.trainer.async_producer import ProducerSpec, producer_main
+from scalerl.types import ScoredBatch
+
+
+def producer_threads(config: Config) -> int:
+    return config.rollout.producer_threads or max(1, (os.cpu_count() or 2) // 2)
+
+
+class AsyncRollout:
+    """The rollout side as the learner sees it in async mode: batches come from a producer process."""
+
+    shares_weights = False  # the producer holds its own copy: publish_weights hands over state dicts
+    replay = None
+
+    def __init__(self, local: RolloutWorker, config: Config, run_dir: Path):
+        if local.ctx.active:
+            raise ScaleRLError("rollout.mode=async runs one learner process for now (with its producer process); launch it "
+                               "without torchrun (nproc 1), or use rollout.mode=sync for several ranks")
+        self.local, self.config, self.run_dir = local, config, run_dir
+        self.state = local.state_dict()  # the producer's state after the last batch taken (a new run: the start)
+        self._version = 0
+        self.weights: Mapping[str, torch.Tensor] | None = None
+        self.process, self.link, self.layout, self.errors = None, None, None, None
+        self.start_step, self.taken = 0, 0  # the producer's first step − 1; batches received since
+        self.staleness_max = 0
+
+    # what evaluation, checkpoints and the health monitor read: the local worker's
+    env = property(lambda self: self.local.env)
+    sampler = property(lambda self: self.local.sampler)
+    tokenizer = property(lambda self: self.local.tokenizer)
+    rewards = property(lambda self: self.local.rewards)
+    ctx = property(lambda self: self.local.ctx)
+    encode = property(lambda self: self.local.encode)
+    seed = property(lambda self: self.local.seed)
+    last_batch = property(lambda self: self.local.last_batch)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def start(self, last_step: int) -> None:
+        """Spawn the producer for the steps after `last_step` and hand it the current weights."""
+        self.start_step = last_step
+        store, port = PairLink.listen()
+        mp = multiprocessing.get_context("spawn")
+        self.errors = mp.SimpleQueue()
+        spec = ProducerSpec(self.config, port, last_step, self.state, self.run_dir, producer_threads(self.config))
+        self.process = mp.Process(target=producer_main, args=(spec, self.errors), name="scalerl-producer", daemon=True)
+        self.process.start()
+        self.link = self._connect(store)
+        self.layout = WeightLayout.of(self.weights)
+        self.link.send_weights(self.layout, self.weights, self._version)
+
+    def _connect(self, store) -> PairLink:
+        """Join the pair link, giving up when the producer dies before it joined (its traceback is the error)."""
+        result: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: result.update(link=PairLink(store, rank=0)), daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.1)
+            if not self.process.is_alive() and thread.is_alive():
+                self._fail(None)
+        return result["link"]
+
+    def _fail(self, err: BaseException | None):
+        report = self.errors.get() if self.errors is not None and not self.errors.empty() else {}
+        trace = report.get("error")
+        if trace:
+            print(trace, file=sys.stderr)
+            raise ScaleRLError(f"the async rollout producer failed: {trace.strip().splitlines()[-1]} (its traceback is above)")
+        raise ScaleRLError(f"the async rollout producer stopped (exit code {self.process.exitcode}): {err}") from err
+
+    def produce(self, step: int) -> ScoredBatch:
+        """Batch `step`, from the producer (started on the first call, after a resume has set the state)."""
+        if self.process is None:
+            self.start(step - 1)
+        try:
+            message = self.link.recv_object()
+        except RuntimeError as err:
+            self.process.join(5)
+            self._fail(err)
+        if message["step"] != step:
+            raise RuntimeError(f"async producer sent the batch of step {message['step']} for step {step}")
+        batch, self.state = message["batch"], message["state"]
+        self.taken += 1
+        staleness = self._version - batch.policy_version
+        self.staleness_max = max(self.staleness_max, staleness)
+        batch.metrics["staleness_max"] = float(self.staleness_max)  # over the run so far; `staleness` is this batch's
+        self.local.last_batch = batch
+        return batch
+
+    def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """The learner's new weights: the local sampler shares them already; the producer receives a copy."""
+        self.local.sync_weights(None, version)
+        self.weights, self._version = weights, version
+        if self.link is not None:
+            try:
+                self.link.send_weights(self.layout, weights, version)
+            except RuntimeError as err:
+                self._fail(err)
+
+    def state_dict(self) -> dict:
+        return {**self.state, "policy_version": self._version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.local.load_state_dict(state)
+        self.state, self._version = state, state.get("policy_version", 0)
+
+    def close(self) -> None:
+        """Stop the producer: the batches it had queued or was sampling are discarded (and counted)."""
+        if self.process is not None:
+            try:
+                self.link.send_weights(self.layout, None, STOP)
+            except RuntimeError:
+                pass
+            self.process.join(30)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+            report = self.errors.get() if not self.errors.empty() else {}
+            if "produced" in report and (discarded := report["produced"] - (self.start_step + self.taken)) > 0:
+                print(f"async: {discarded} batch(es) the producer had sampled ahead were discarded; a resume samples them again",
+                      file=sys.stderr)
+            self.process = None
+        self.local.close()
