@@ -93,7 +93,8 @@ def rl_objective(
     Returns the scalar loss and detached 0-dim diagnostics: clip_frac, approx_kl, ratio_mean,
     ratio_max (`policy_stats`), and when their inputs are given: entropy, kl and kl_seq
     (`measured_kl`), value_loss (token means), tis_clip_frac (trained tokens whose weight was
-    capped), off_policy_masked_frac (completions with trained tokens that lost some to M).
+    capped), off_policy_masked_frac (completions with trained tokens that lost some to M), sampler_kl
+    (mean_t log π_sampler − log π_old: KL(π_sampler ‖ π_old)'s k1 estimate, the engine's or stale copy's drift).
     """
     x, mask = inputs, inputs.loss_mask
     if beta > 0 and x.ref_logprobs is None:
@@ -109,6 +110,7 @@ def rl_objective(
         stats["off_policy_masked_frac"] = _masked_row_fraction(keep, mask)
     if tis_cap is not None:  # without sampler_logprobs π_sampler = π_old: no weight, none capped
         per_token, stats["tis_clip_frac"] = _truncated_is(per_token, x, tis_cap)
+    stats |= _sampler_drift(x)
     if x.ref_logprobs is not None:
         kl = kl_estimate(x.logprobs, x.ref_logprobs.detach(), kl_estimator)  # (B, T)
         if kl_with_ratio:
@@ -160,6 +162,13 @@ def _truncated_is(per_token: torch.Tensor, x: ObjectiveInputs, cap: float) -> tu
     per_token = per_token * truncated_is_weights(x.old_logprobs, x.sampler_logprobs, cap=cap)  # (B, T)
     capped = ((x.old_logprobs - x.sampler_logprobs).exp() > cap).to(x.logprobs.dtype)  # (B, T)
     return per_token, masked_mean(capped, x.loss_mask)
+
+
+def _sampler_drift(x: ObjectiveInputs) -> dict[str, torch.Tensor]:
+    """{"sampler_kl": mean over trained tokens of log π_sampler − log π_old} when sampler_logprobs are given."""
+    if x.sampler_logprobs is None:
+        return {}
+    return {"sampler_kl": masked_mean(x.sampler_logprobs - x.old_logprobs, x.loss_mask)}
 
 
 def _value_term(x: ObjectiveInputs, value_clip: float | None) -> torch.Tensor:

@@ -137,12 +137,12 @@ def set_threads(threads: int | None) -> None:
 
 
 def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None,
-                  stop_ids: list[int] | None = None, run_dir: Path | None = None) -> Sampler:
-    """The rollout engine named by `rollout.engine`; `autocast`: the learner's compute precision, which sampling
+                  stop_ids: list[int] | None = None, run_dir: Path | None = None, engine: str | None = None) -> Sampler:
+    """The rollout engine `engine` (default `rollout.engine`); `autocast`: the learner's compute precision, which sampling
     shares; `gather`: the parallel strategy's full-weights context for a sharded policy; `stop_ids`: the tokens
     that end a completion (default EOS; with a chat template its end-of-turn token too); `run_dir`: where the
     vLLM engine's model folder is written (a temporary folder without one)."""
-    match config.rollout.engine:
+    match engine or config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
 
@@ -240,14 +240,16 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
-                  gather=None) -> RolloutWorker:
+                  gather=None, engine: str | None = None) -> RolloutWorker:
     """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
-    embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole)."""
+    embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole); `engine` the
+    sampler's (default `rollout.engine`)."""
+    engine = engine or config.rollout.engine
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
     prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir)
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir, engine)
 
     def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision
         stack = contextlib.ExitStack()
@@ -262,7 +264,7 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
                             min_new_tokens=ro.min_new_tokens)
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
-                         seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=config.rollout.engine == "hf",
+                         seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=engine == "hf",
                          encode=prompts, replay=build_replay(config, ctx, tokenizer))
 
 

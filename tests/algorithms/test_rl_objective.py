@@ -314,6 +314,7 @@ def test_truncated_is_weights_and_clip_frac():
                                tis_cap=2.0)
     assert loss.item() == pytest.approx(-3.5 / 3, abs=1e-6)
     assert stats["tis_clip_frac"].item() == pytest.approx(1 / 3)
+    assert stats["sampler_kl"].item() == pytest.approx(float((sampler - old)[0, :3].mean()), abs=1e-6)  # trained tokens only
     loss.backward()
     assert torch.allclose(logprobs.grad, torch.tensor([[-2 / 3, -0.5 / 3, -1 / 3, 0.0]]), atol=1e-6)
     # Without sampler_logprobs π_sampler is π_old: no weights (loss −1), nothing capped.
@@ -358,7 +359,8 @@ def test_diagnostics_are_detached_scalars():
                              returns=torch.ones(2, 3))
     _, stats = rl_objective(inputs, beta=0.1, tis_cap=1.0, off_policy_mask=0.1, entropy_coef=0.01)
     assert set(stats) == {"clip_frac", "approx_kl", "ratio_mean", "ratio_max", "off_policy_masked_frac",
-                          "tis_clip_frac", "kl", "kl_seq", "value_loss", "entropy"}
+                          "tis_clip_frac", "sampler_kl", "kl", "kl_seq", "value_loss", "entropy"}
+    assert stats["sampler_kl"].item() == pytest.approx(-0.1, abs=1e-6)  # log π_sampler − log π_old = −0.1 on every token
     assert all(torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad for v in stats.values())
 
 
