@@ -100,6 +100,9 @@ class RolloutConfig(_Section):
                                                     "versions behind the learner that learns it (it waits instead); 0 is synchronous.")
     producer_threads: int | None = Field(None, ge=1, description="async: torch threads of the producer process (default: half the cores, "
                                                                  "the learner keeps the rest unless train.threads says otherwise).")
+    weight_transport: Literal["gloo", "nccl"] = Field("gloo", description="async: how the learner's weights reach the producer after each "
+                                                      "update: gloo (through host memory, anywhere) or nccl (GPU to GPU: learner and producer "
+                                                      "each on a CUDA GPU of its own, e.g. scalerl launch --ray --rollout-gpus 1; docs/ray.md).")
 
     @model_validator(mode="after")
     def _check_min_tokens(self) -> "RolloutConfig":

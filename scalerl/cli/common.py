@@ -98,9 +98,10 @@ def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Pa
 
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,
-           overwrite: bool = False) -> None:
+           overwrite: bool = False, producer: Any = None) -> None:
     """Build the config (on --resume: from the run's saved one, scalerl/resume_config.py), then print it
-    (--dry-run) or train."""
+    (--dry-run) or train. `producer`: where an async run's producer runs (a Ray actor under `scalerl launch --ray`;
+    default a process beside the learner)."""
     from scalerl.checks import check_config
     from scalerl.config import dump_config, load_config
     from scalerl.resume_config import resume_config
@@ -117,7 +118,7 @@ def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, res
             return
         from scalerl.trainer.loop import train  # torch is imported only now
 
-        train(config, resume=resume, overwrite=overwrite)
+        train(config, resume=resume, overwrite=overwrite, producer=producer)
 
     setup_logging()
     run_guarded(go, debug)

@@ -11,6 +11,7 @@ import typer
 from scalerl.cli.common import launch, launch_ranks, run_guarded, setup_logging
 from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
+from scalerl.cli.launch import launch as launch_command
 from scalerl.cli.predict import predict
 from scalerl.cli.report import report
 from scalerl.errors import ScaleRLError
@@ -143,6 +144,7 @@ def train_rm(
     run_guarded(go, debug)
 
 
+app.command("launch")(launch_command)
 app.command("predict")(predict)
 app.command("estimate")(estimate)
 

@@ -30,7 +30,7 @@ import torch
 
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, resolve_device
-from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout
+from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout, check_transport
 from scalerl.models.loading import load_tokenizer
 from scalerl.precision.apply import autocast_context
 from scalerl.trainer.setup import build_policy, build_rollout, seed_everything, set_threads
@@ -40,11 +40,13 @@ from scalerl.types import derive_seed
 @dataclass(frozen=True)
 class ProducerSpec:
     config: Config
-    port: int  # the learner's TCPStore on 127.0.0.1
+    host: str  # the learner's TCPStore: 127.0.0.1 beside it, its node's address under Ray
+    port: int
     start_step: int  # the last step the learner has learned; the producer begins with start_step + 1
     state: dict[str, Any] | None  # the rollout side's state of the checkpoint resumed from (None: a new run)
     run_dir: Path
     threads: int
+    device: str | None = None  # None: the config's train.device (a spawned producer under NCCL: the learner's next GPU)
 
 
 class WeightInbox:
@@ -119,9 +121,12 @@ def run_producer(spec: ProducerSpec) -> int:
     """Produce batches until the learner says stop or the last step is produced; returns the last step produced."""
     config = spec.config
     set_threads(spec.threads)
-    link = PairLink.join(spec.port)  # first: if anything below fails, the learner's receive fails at once
+    device = torch.device(spec.device) if spec.device else resolve_device(config.train.device)
+    check_transport(config.rollout.weight_transport, device, "producer")
+    # first: if anything below fails, the learner's receive fails at once
+    link = PairLink.join(spec.host, spec.port, config.rollout.weight_transport, device)
     seed_everything(derive_seed(config.train.seed, "producer"))
-    ctx = DistContext(device=resolve_device(config.train.device))
+    ctx = DistContext(device=device)
     tokenizer = load_tokenizer(config.model)
     policy = build_policy(config, ctx.device)
     policy.eval()

@@ -9,7 +9,8 @@
 `AsyncRollout` stands where the `RolloutWorker` stands in the loop (produce, sync_weights,
 state_dict, load_state_dict, close); the evaluation and the health monitor keep using a local
 RolloutWorker over the learner's own modules (`local`), so held-out scores are of the learner's
-newest weights. Batches and weights move over a gloo pair link (scalerl/distributed/pair_link.py).
+newest weights. Batches and weights move over a pair link (scalerl/distributed/pair_link.py): gloo, and
+for the weights `rollout.weight_transport` (gloo, or NCCL between two GPUs).
 
 Weights change between batches, not between the tokens of one generation: every row of a batch was
 sampled by one version, `ScoredBatch.policy_version`, and the learner's off-policy path (π_old
@@ -27,7 +28,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -39,8 +40,71 @@ from scalerl.trainer.async_producer import ProducerSpec, producer_main
 from scalerl.types import ScoredBatch
 
 
-def producer_threads(config: Config) -> int:
-    return config.rollout.producer_threads or max(1, (os.cpu_count() or 2) // 2)
+class ProducerProcess(Protocol):
+    """Where the producer runs: a process of this machine (`SpawnedProducer`) or a Ray actor
+    (scalerl/trainer/ray_producer.py, `scalerl launch --ray`). `host` is the address the producer
+    reaches the learner's store at."""
+
+    host: str
+
+    def threads(self, config: Config) -> int: ...
+    def device(self, config: Config, learner: torch.device) -> str | None: ...  # None: the config's train.device
+    def start(self, spec: ProducerSpec) -> None: ...
+    def alive(self) -> bool: ...
+    def join(self, timeout: float) -> None: ...
+    def kill(self) -> None: ...
+    def report(self) -> dict[str, Any]: ...  # {"produced": last step} or {"error": traceback}; {} when it died without one
+    def describe_exit(self) -> str: ...
+    def describe(self) -> str: ...  # where it runs, for the log
+
+
+class SpawnedProducer:
+    """The producer as a spawned process beside the learner."""
+
+    host = "127.0.0.1"
+
+    def __init__(self) -> None:
+        self.process, self.errors = None, None
+
+    def threads(self, config: Config) -> int:
+        return config.rollout.producer_threads or max(1, (os.cpu_count() or 2) // 2)
+
+    def device(self, config: Config, learner: torch.device) -> str | None:
+        """NCCL joins two GPUs, never one with itself: the producer takes the GPU after the learner's."""
+        if config.rollout.weight_transport != "nccl":
+            return None
+        index = (learner.index or 0) + 1
+        if index >= torch.cuda.device_count():
+            raise ScaleRLError(f"rollout.weight_transport=nccl with the producer beside the learner needs a second GPU (cuda:{index}; "
+                               f"{torch.cuda.device_count()} visible); use rollout.weight_transport=gloo, or scalerl launch --ray "
+                               "--rollout-gpus 1 to place it on a GPU of its own")
+        return f"cuda:{index}"
+
+    def start(self, spec: ProducerSpec) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self.errors = mp.SimpleQueue()
+        self.process = mp.Process(target=producer_main, args=(spec, self.errors), name="scalerl-producer", daemon=True)
+        self.process.start()
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def join(self, timeout: float) -> None:
+        self.process.join(timeout)
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def report(self) -> dict[str, Any]:
+        return self.errors.get() if self.errors is not None and not self.errors.empty() else {}
+
+    def describe_exit(self) -> str:
+        return f"exit code {self.process.exitcode}"
+
+    def describe(self) -> str:
+        return f"process {self.process.pid} beside the learner"
 
 
 class AsyncRollout:
@@ -49,15 +113,17 @@ class AsyncRollout:
     shares_weights = False  # the producer holds its own copy: publish_weights hands over state dicts
     replay = None
 
-    def __init__(self, local: RolloutWorker, config: Config, run_dir: Path):
+    def __init__(self, local: RolloutWorker, config: Config, run_dir: Path, producer: ProducerProcess | None = None):
         if local.ctx.active:
             raise ScaleRLError("rollout.mode=async runs one learner process for now (with its producer process); launch it "
                                "without torchrun (nproc 1), or use rollout.mode=sync for several ranks")
         self.local, self.config, self.run_dir = local, config, run_dir
+        self.producer: ProducerProcess = producer or SpawnedProducer()
+        self.started = False
         self.state = local.state_dict()  # the producer's state after the last batch taken (a new run: the start)
         self._version = 0
         self.weights: Mapping[str, torch.Tensor] | None = None
-        self.process, self.link, self.layout, self.errors = None, None, None, None
+        self.link, self.layout = None, None
         self.start_step, self.taken = 0, 0  # the producer's first step − 1; batches received since
         self.staleness_max = 0
 
@@ -79,42 +145,42 @@ class AsyncRollout:
         """Spawn the producer for the steps after `last_step` and hand it the current weights."""
         self.start_step = last_step
         store, port = PairLink.listen()
-        mp = multiprocessing.get_context("spawn")
-        self.errors = mp.SimpleQueue()
-        spec = ProducerSpec(self.config, port, last_step, self.state, self.run_dir, producer_threads(self.config))
-        self.process = mp.Process(target=producer_main, args=(spec, self.errors), name="scalerl-producer", daemon=True)
-        self.process.start()
+        spec = ProducerSpec(self.config, self.producer.host, port, last_step, self.state, self.run_dir,
+                            self.producer.threads(self.config), self.producer.device(self.config, self.local.ctx.device))
+        self.producer.start(spec)
+        self.started = True
         self.link = self._connect(store)
+        print(f"async: the rollout producer is {self.producer.describe()}", file=sys.stderr)
         self.layout = WeightLayout.of(self.weights)
         self.link.send_weights(self.layout, self.weights, self._version)
 
     def _connect(self, store) -> PairLink:
         """Join the pair link, giving up when the producer dies before it joined (its traceback is the error)."""
         result: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: result.update(link=PairLink(store, rank=0)), daemon=True)
+        transport, device = self.config.rollout.weight_transport, self.local.ctx.device
+        thread = threading.Thread(target=lambda: result.update(link=PairLink(store, 0, transport, device)), daemon=True)
         thread.start()
         while thread.is_alive():
             thread.join(0.1)
-            if not self.process.is_alive() and thread.is_alive():
+            if not self.producer.alive() and thread.is_alive():
                 self._fail(None)
         return result["link"]
 
     def _fail(self, err: BaseException | None):
-        report = self.errors.get() if self.errors is not None and not self.errors.empty() else {}
-        trace = report.get("error")
+        trace = self.producer.report().get("error")
         if trace:
             print(trace, file=sys.stderr)
             raise ScaleRLError(f"the async rollout producer failed: {trace.strip().splitlines()[-1]} (its traceback is above)")
-        raise ScaleRLError(f"the async rollout producer stopped (exit code {self.process.exitcode}): {err}") from err
+        raise ScaleRLError(f"the async rollout producer stopped ({self.producer.describe_exit()}): {err}") from err
 
     def produce(self, step: int) -> ScoredBatch:
         """Batch `step`, from the producer (started on the first call, after a resume has set the state)."""
-        if self.process is None:
+        if not self.started:
             self.start(step - 1)
         try:
             message = self.link.recv_object()
         except RuntimeError as err:
-            self.process.join(5)
+            self.producer.join(5)
             self._fail(err)
         if message["step"] != step:
             raise RuntimeError(f"async producer sent the batch of step {message['step']} for step {step}")
@@ -145,18 +211,16 @@ class AsyncRollout:
 
     def close(self) -> None:
         """Stop the producer: the batches it had queued or was sampling are discarded (and counted)."""
-        if self.process is not None:
+        if self.started:
             try:
                 self.link.send_weights(self.layout, None, STOP)
             except RuntimeError:
                 pass
-            self.process.join(30)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
-            report = self.errors.get() if not self.errors.empty() else {}
+            self.producer.join(30)
+            report = self.producer.report()
+            self.producer.kill()
             if "produced" in report and (discarded := report["produced"] - (self.start_step + self.taken)) > 0:
                 print(f"async: {discarded} batch(es) the producer had sampled ahead were discarded; a resume samples them again",
                       file=sys.stderr)
-            self.process = None
+            self.started = False
         self.local.close()

@@ -18,6 +18,7 @@ import torch
 from scalerl.checks import check_config
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, init_distributed, shutdown
+from scalerl.distributed.pair_link import check_transport
 from scalerl.models.loading import load_tokenizer
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
@@ -28,7 +29,7 @@ from scalerl.resume_config import record_resumed_config
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.trainer import checkpoint as ckpt
-from scalerl.trainer.async_rollout import AsyncRollout
+from scalerl.trainer.async_rollout import AsyncRollout, ProducerProcess
 from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.evaluation import pass_rate
 from scalerl.trainer.learner import Learner
@@ -52,23 +53,30 @@ from scalerl.types import SamplingParams, derive_seed
 __all__ = ["build_roles", "train", "train_step"]
 
 
-def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False) -> tuple[RolloutWorker, Learner, Path]:
-    """The rollout side and the learner around one policy (shared in this process), and the run directory."""
+def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False,
+                producer: ProducerProcess | None = None) -> tuple[RolloutWorker, Learner, Path]:
+    """The rollout side and the learner around one policy (shared in this process), and the run directory.
+    `producer`: where an async run's producer runs (default: a process spawned beside this one)."""
     run_dir = check_run_dir(config, resume, overwrite)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
     check_precision(config.precision_policy, ctx.device)
     check_offload(config, ctx.device)
+    if config.rollout.mode == "async":
+        check_transport(config.rollout.weight_transport, ctx.device, "learner")
     tokenizer = load_tokenizer(config.model)
     policy = build_policy(config, ctx.device)
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
     learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer))
+    asynchronous = config.rollout.mode == "async"
+    # async: batches come from a producer process, with rollout.engine there; this worker only evaluates, on the
+    # learner's own modules (the HF engine: nothing to sync, no second vLLM engine and KV cache in this process)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
-                            gather=lambda: learner.parallel.gathered(learner.policy_forward))
-    if config.rollout.mode == "async":  # batches from a producer process; this worker stays for evaluation
-        rollout = AsyncRollout(rollout, config, run_dir)
+                            gather=lambda: learner.parallel.gathered(learner.policy_forward), engine="hf" if asynchronous else None)
+    if asynchronous:
+        rollout = AsyncRollout(rollout, config, run_dir, producer)
         publish_weights(rollout, learner)
     return rollout, learner, run_dir
 
@@ -124,20 +132,21 @@ def restore(rollout: RolloutWorker, learner: Learner, run_dir: Path, warn: Calla
     return state
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False) -> dict[str, Any]:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, producer: ProducerProcess | None = None) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary that is also written to summary.json.
     SIGTERM or SIGINT: finish the step, save a checkpoint, raise `Stopped` (scalerl/trainer/signals.py)."""
     check_config(config)
     ctx = init_distributed(config.train.device)
     try:
         with GracefulStop() as stop:
-            return _train(config, ctx, resume, overwrite, stop)
+            return _train(config, ctx, resume, overwrite, stop, producer)
     finally:
         shutdown(ctx)
 
 
-def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop: GracefulStop) -> dict[str, Any]:
-    rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite)
+def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop: GracefulStop,
+           producer: ProducerProcess | None = None) -> dict[str, Any]:
+    rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer)
     try:
         warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
         state = restore(rollout, learner, run_dir, warn) if resume else {"step": 0}

@@ -7,14 +7,16 @@ import json
 import time
 
 import pytest
+import torch
 
 from conftest import run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
+from scalerl.distributed.pair_link import check_transport
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
-from scalerl.trainer.async_rollout import AsyncRollout
+from scalerl.trainer.async_rollout import AsyncRollout, SpawnedProducer
 from scalerl.trainer.step import publish_weights
 
 ASYNC = {"rollout.mode": "async", "algorithm.tis_cap": 2.0, "rollout.producer_threads": 1}
@@ -87,6 +89,24 @@ def test_async_refuses_what_it_cannot_do(runs):
         load_config(overrides=tiny_overrides(runs, "x", **{"rollout.mode": "async"}))
     with pytest.raises(ScaleRLError, match="replay"):
         load_config(overrides=tiny_overrides(runs, "x", **{**ASYNC, "replay.kind": "uniform"}))
+
+
+def test_nccl_weight_transport_says_what_it_needs(runs):
+    """rollout.weight_transport=nccl (GPU to GPU) on a machine without CUDA: one line, exit 2, before anything
+    loads or the run folder exists; a producer beside the learner needs a GPU after the learner's."""
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--steps", "2", "--set", f"log.run_dir={runs}", "--set", "rollout.mode=async",
+                   "--set", "algorithm.tis_cap=2", "--set", "rollout.weight_transport=nccl")
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "rollout.weight_transport=nccl needs the learner on a CUDA GPU" in lines[0] and "use rollout.weight_transport=gloo" in lines[0]
+    assert not runs.exists()
+    check_transport("gloo", torch.device("cpu"), "producer")  # gloo runs anywhere
+    with pytest.raises(ScaleRLError, match="needs the producer on a CUDA GPU"):
+        check_transport("nccl", torch.device("cpu"), "producer")
+    config = load_config(overrides=tiny_overrides(runs, "x", **{**ASYNC, "rollout.weight_transport": "nccl"}))
+    with pytest.raises(ScaleRLError, match="needs a second GPU"):
+        SpawnedProducer().device(config, torch.device("cuda", torch.cuda.device_count() - 1 if torch.cuda.is_available() else 0))
+    assert SpawnedProducer().device(load_config(overrides=tiny_overrides(runs, "x", **ASYNC)), torch.device("cpu")) is None
 
 
 @pytest.mark.slow
