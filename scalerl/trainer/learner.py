@@ -113,9 +113,11 @@ class Learner:
         """One batch: targets, the KL guard, `epochs` × mini-batch updates; the policy version goes up by one."""
         on_policy = batch.policy_version == self.state.version and self.plan.single_update
         lr, beta = self.lr(), self.kl_ctl.beta_at(step)
-        # π_old is recomputed unless the batch is on-policy; PPO needs it for the KL-in-reward and the
-        # guard for the pre-update KL, so both take the forward pass anyway.
-        need_old = not on_policy or self.algo.name == "ppo" or self.algo.kl.max_kl is not None
+        # π_old is the weights before the step's first update. With a single update those are the weights the
+        # training forward runs with, so its detached log-probs are π_old whatever version sampled the batch (a stale
+        # batch's sampler log-probs enter through tis_cap / off_policy_mask): the forward is needed first only for
+        # several updates, PPO (the KL in the reward, GAE's old values) and the guard's pre-update KL.
+        need_old = not self.plan.single_update or self.algo.name == "ppo" or self.algo.kl.max_kl is not None
         targets = self.targets(batch, beta, need_old)
         guard_scale, metrics = self.kl_guard(targets)
         metrics.update(self.optimize(batch.rollout, targets, beta, guard_scale))

@@ -143,23 +143,34 @@ def test_lr_schedule_runs_per_update_with_warm_up_and_decay(runs, monkeypatch):
 
 
 def test_on_policy_is_derived_from_versions_not_assumed(runs, monkeypatch):
-    """A fresh batch learned once skips the old-log-prob forward; a batch from an older version, or one
-    learned for two epochs, gets π_old recomputed with the current weights."""
-    rollout, learner = _build(runs, "versions", **{"optim.lr": 1e-3})
+    """Versions, not assumptions: a batch sampled before the last update is off-policy (staleness 1), and its
+    tokens are weighted by π_old / π_sampler with π_old = the weights before the update. Learned once, those are
+    the weights the training forward runs with, so no separate π_old forward runs, fresh batch or stale; learned
+    for two epochs, π_old is computed first."""
+    rollout, learner = _build(runs, "versions", **{"optim.lr": 1e-2, "algorithm.tis_cap": 1.05})
     calls = []
     real = learner.frozen_forward
     monkeypatch.setattr(learner, "frozen_forward", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
-    fresh = rollout.produce(1)
-    assert fresh.policy_version == learner.version == 0
+    fresh, stale = rollout.produce(1), rollout.produce(2)  # both sampled by version 0
+    assert fresh.policy_version == stale.policy_version == learner.version == 0
     metrics = learner.learn(fresh, 1)
     assert metrics["on_policy"] == 1.0 and metrics["staleness"] == 0.0 and calls == []
-    assert metrics["ratio_mean"] == pytest.approx(1.0)
-    stale = rollout.produce(2)  # the sampler was not told about version 1
-    assert stale.policy_version == 0 and learner.version == 1
+    assert metrics["ratio_mean"] == pytest.approx(1.0) and abs(metrics["sampler_kl"]) < 1e-5
+    old = real(learner.policy_forward, stale.rollout)  # π_old: the weights after the first update
     metrics = learner.learn(stale, 2)
-    assert metrics["on_policy"] == 0.0 and metrics["staleness"] == 1.0 and calls == [learner.policy_forward]
+    assert metrics["on_policy"] == 0.0 and metrics["staleness"] == 1.0 and calls == []
+    assert metrics["ratio_mean"] == pytest.approx(1.0)  # π_θ / π_old at the step's only update
+    mask = stale.rollout.completion_mask.float()
+    drift = float(((stale.rollout.sampler_logprobs - old) * mask).sum() / mask.sum())
+    assert metrics["sampler_kl"] == pytest.approx(drift, abs=1e-6) and abs(drift) > 1e-4
+    assert metrics["tis_clip_frac"] > 0  # some stale tokens' π_old / π_sampler above the cap
     rollout.sync_weights(None, learner.version)
     assert rollout.produce(3).policy_version == 2
+    _, twice = _build(runs, "epochs", **{"train.epochs": 2})
+    calls.clear()
+    monkeypatch.setattr(twice, "frozen_forward", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    twice.learn(rollout.produce(4), 1)
+    assert calls == [twice.policy_forward]
 
 
 def _matmul_dtypes(fn, vocab: int):
