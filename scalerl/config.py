@@ -713,8 +713,9 @@ class Config(_Section):
     @model_validator(mode="after")
     def _check_objective(self) -> "Config":
         if self.algorithm.loss_agg == "prompt" and self._plan.micro_batch_size % self.rollout.group_size:
-            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({self._plan.micro_batch_size}) to be a multiple of "
-                             f"rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
+            source = "" if self.train.micro_batch_size else (", from train.mini_batch_size" if self.train.mini_batch_size else ", the batch")
+            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({self._plan.micro_batch_size}{source}) to be a "
+                             f"multiple of rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
         if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         if self.model.lora.enabled and self.parallel.strategy == "fsdp2":

@@ -121,6 +121,7 @@ def test_hostile_overrides_give_a_valid_config_or_one_line_naming_the_key(fault,
     @given(overrides)
     @example([("preset", "scalerl"), ("algorithm", "[1]")])  # combinations too rare to draw, each once a traceback
     @example([("preset", "scalerl"), ("algorithm", "5")])
+    @example([("preset", "scalerl"), ("train.mini_batch_size", "1")])  # the derived micro-batch: name the key that set it
     @example([("preset", "[[]]")])
     @example([("log.name", "2024"), ("optim.betas", "[2, 3]")])
     @example([("log.metrics_port", "0"), ("log.metrics_host", "x" * 300)])
