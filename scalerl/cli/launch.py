@@ -66,14 +66,14 @@ class LearnerActor:
 def connect(address: str, num_cpus: int | None):
     """ray.init for `--ray local` (a new single-machine cluster, every address on the loopback) or `--ray ADDRESS`
     (an existing one)."""
+    if address not in ("local", "auto") and not address.startswith("ray://"):
+        reachable(address)
     if address == "local":  # read when Ray is imported: otherwise Ray puts the machine's outward address for 127.0.0.1
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
     except ImportError:
         raise ScaleRLError("scalerl launch --ray needs Ray: pip install 'scalerl[ray]'") from None
-    if address not in ("local", "auto") and not address.startswith("ray://"):
-        reachable(address)
     try:
         if address == "local":
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)

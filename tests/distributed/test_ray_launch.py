@@ -41,7 +41,13 @@ def test_rank_envs_follow_where_ray_put_the_ranks():
     assert rank_envs(places[:1]) == [{}]
 
 
-def test_launch_refuses_bad_input_in_one_line_before_ray_starts():
+def test_launch_refuses_bad_input_in_one_line_before_ray_starts(tmp_path):
+    """Checked before Ray is imported or started, so these hold without Ray installed too; without it, the
+    install command (Ray made unimportable here by a module that raises ImportError)."""
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "__init__.py").write_text("raise ImportError('Ray is not installed here')\n")
+    proc = run_cli("-m", "scalerl.cli.main", "launch", "--ray", "local", timeout=60, env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: scalerl launch --ray needs Ray: pip install 'scalerl[ray]'", proc.stderr
     cases = [
         (["--ray", "local", "--nproc", "2", *ASYNC], "--nproc > 1 with rollout.mode=async"),
         (["--ray", "127.0.0.1:1"], "no Ray head answers there"),
@@ -50,7 +56,7 @@ def test_launch_refuses_bad_input_in_one_line_before_ray_starts():
         (["--ray", "local", "--set", "rollout.nosuch=1"], "nosuch"),
     ]
     for args, message in cases:
-        proc = run_cli("-m", "scalerl.cli.main", "launch", *args, timeout=60)
+        proc = run_cli("-m", "scalerl.cli.main", "launch", *args, timeout=60, env={"PYTHONPATH": str(tmp_path)})
         assert proc.returncode == 2, (args, proc.stderr)
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, proc.stderr)
