@@ -62,7 +62,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     seed_everything(config.train.seed + ctx.rank)
     check_precision(config.precision_policy, ctx.device)
     check_offload(config, ctx.device)
-    if config.rollout.mode == "async":
+    asynchronous = config.rollout.mode == "async"
+    if asynchronous:
         check_transport(config.rollout.weight_transport, ctx.device, "learner")
     tokenizer = load_tokenizer(config.model)
     policy = build_policy(config, ctx.device)
@@ -70,7 +71,6 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
     policy.train()
     learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer))
-    asynchronous = config.rollout.mode == "async"
     # async: batches come from a producer process, with rollout.engine there; this worker only evaluates, on the
     # learner's own modules (the HF engine: nothing to sync, no second vLLM engine and KV cache in this process)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
