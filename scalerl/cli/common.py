@@ -68,6 +68,22 @@ def _stdout_closed() -> bool:
         return False
 
 
+def command_overrides(set_: list[str], name: str | None, steps: int | None) -> list[str]:
+    """The --set values, then --name and --steps as the keys they stand for."""
+    return [*set_, *([f"log.name={name}"] if name is not None else []), *([f"train.steps={steps}"] if steps is not None else [])]
+
+
+def checked_config(config_path: Path | None, overrides: list[str], resume: bool, overwrite: bool = False):
+    """The run's config (on --resume: from the run's saved one, scalerl/resume_config.py), checked: one-line errors."""
+    from scalerl.checks import check_config
+    from scalerl.config import load_config
+    from scalerl.resume_config import resume_config
+
+    if resume and overwrite:
+        raise ScaleRLError("--resume and --overwrite contradict each other: continue the run, or replace it")
+    return check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+
+
 def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Path | None, overrides: list[str],
                  resume: bool) -> None:
     """`scalerl train --nproc N`: check the config here (a bad key is one line, exit 2, before any process
@@ -75,11 +91,7 @@ def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Pa
     and exit with its code. A restart resumes (see `launch`), so it needs the run's --name."""
     import subprocess
 
-    from scalerl.checks import check_config
-    from scalerl.config import load_config
-    from scalerl.resume_config import resume_config
-
-    config = check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+    config = checked_config(config_path, overrides, resume)
     if max_restarts and config.log.name is None:
         raise ScaleRLError("--max-restarts needs --name: a restarted run resumes the run of that name")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
@@ -102,17 +114,13 @@ def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, res
     """Build the config (on --resume: from the run's saved one, scalerl/resume_config.py), then print it
     (--dry-run) or train. `producer`: where an async run's producer runs (a Ray actor under `scalerl launch --ray`;
     default a process beside the learner)."""
-    from scalerl.checks import check_config
-    from scalerl.config import dump_config, load_config
-    from scalerl.resume_config import resume_config
+    from scalerl.config import dump_config
 
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:  # torchrun's restart of failed ranks: continue the run
         resume, overwrite = True, False
 
     def go() -> None:
-        if resume and overwrite:
-            raise ScaleRLError("--resume and --overwrite contradict each other: continue the run, or replace it")
-        config = check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+        config = checked_config(config_path, overrides, resume, overwrite)
         if dry_run:
             print(dump_config(config), end="")
             return

@@ -28,12 +28,13 @@ from typing import Any, List, Optional
 import typer
 
 from scalerl.cli.common import launch as launch_here
-from scalerl.cli.common import run_guarded, setup_logging
+from scalerl.cli.common import checked_config, command_overrides, run_guarded, setup_logging
 from scalerl.errors import ScaleRLError
 
 
 class LearnerActor:
-    """One learner rank; made a Ray actor class by `start_learners` (`ray.remote(LearnerActor)`)."""
+    """One learner rank; made a Ray actor class by `run_on_ray` (`ray.remote(LearnerActor)`), so that this module
+    imports without Ray."""
 
     def where(self) -> dict[str, Any]:
         import socket
@@ -164,11 +165,7 @@ class ForwardSignals:
 def run_on_ray(address: str, config_path: Path | None, overrides: list[str], *, resume: bool, overwrite: bool, debug: bool,
                nproc: int, resources: dict[str, float], strategy: str, num_cpus: int | None) -> int:
     """Check the config, place the roles, run them, and return the exit code of the ranks."""
-    from scalerl.checks import check_config
-    from scalerl.config import load_config
-    from scalerl.resume_config import resume_config
-
-    config = check_config(resume_config(config_path, overrides) if resume else load_config(config_path, overrides))
+    config = checked_config(config_path, overrides, resume, overwrite)
     asynchronous = config.rollout.mode == "async"
     if asynchronous and nproc > 1:
         raise ScaleRLError("--nproc > 1 with rollout.mode=async: an async run has one learner rank for now (and its producer "
@@ -241,15 +238,13 @@ def launch(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
     """Run `scalerl train` with its roles as Ray actors: learner rank(s), and the async producer (docs/ray.md)."""
-    overrides = list(set_) + ([f"log.name={name}"] if name is not None else []) + ([f"train.steps={steps}"] if steps is not None else [])
+    overrides = command_overrides(set_, name, steps)
     resources = {"learner_cpus": learner_cpus, "learner_gpus": learner_gpus, "rollout_cpus": rollout_cpus, "rollout_gpus": rollout_gpus}
     code: list[int] = []
 
     def go() -> None:
         if strategy not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
             raise ScaleRLError(f"--strategy {strategy}: choose PACK, SPREAD, STRICT_PACK or STRICT_SPREAD")
-        if resume and overwrite:
-            raise ScaleRLError("--resume and --overwrite contradict each other: continue the run, or replace it")
         code.append(run_on_ray(ray_address, config, overrides, resume=resume, overwrite=overwrite, debug=debug, nproc=nproc,
                                resources=resources, strategy=strategy, num_cpus=num_cpus))
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from scalerl.cli.common import launch, launch_ranks, run_guarded, setup_logging
+from scalerl.cli.common import command_overrides, launch, launch_ranks, run_guarded, setup_logging
 from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.launch import launch as launch_command
@@ -41,11 +41,7 @@ def train(
                                                                       "after one fails; each restart resumes the run of --name."),
 ) -> None:
     """Train a policy. With no arguments: GRPO on the built-in model and arithmetic environment."""
-    overrides = list(set_)
-    if name is not None:
-        overrides.append(f"log.name={name}")
-    if steps is not None:
-        overrides.append(f"train.steps={steps}")
+    overrides = command_overrides(set_, name, steps)
     if metrics_port is not None:
         overrides.append(f"log.metrics_port={metrics_port}")
     if nproc > 1 and dry_run:  # resolve what depends on the world size (cluster_preset) as the ranks will

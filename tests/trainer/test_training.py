@@ -168,7 +168,8 @@ def test_on_policy_is_derived_from_versions_not_assumed(runs, monkeypatch):
     assert rollout.produce(3).policy_version == 2
     _, twice = _build(runs, "epochs", **{"train.epochs": 2})
     calls.clear()
-    monkeypatch.setattr(twice, "frozen_forward", lambda model, *a, **k: calls.append(model) or real(model, *a, **k))
+    own = twice.frozen_forward
+    monkeypatch.setattr(twice, "frozen_forward", lambda model, *a, **k: calls.append(model) or own(model, *a, **k))
     twice.learn(rollout.produce(4), 1)
     assert calls == [twice.policy_forward]
 
