@@ -45,6 +45,8 @@ def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
         (["--set", "env.name=nosuchenv"], ["env.name", "arithmetic", "module:Class"]),
         (["--set", f"model.path={tmp_path / 'nomodel'}"], ["model.path", "nomodel"]),
         (["--resume"], ["--resume", "--name"]),
+        (["--name", "r", "--resume", "--overwrite"], ["--resume and --overwrite contradict"]),
+        (["--nproc", "2", "--name", "r", "--resume", "--overwrite"], ["--resume and --overwrite contradict"]),
     ]
     for args, needles in cases:
         _one_line_error(run_cli("-m", "scalerl.cli.main", "train", *args), *needles)

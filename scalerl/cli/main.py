@@ -50,7 +50,7 @@ def train(
     if nproc > 1 and not dry_run:
         argv = [*(["--config", str(config)] if config else []), *(a for v in overrides for a in ("--set", v)),
                 *(["--resume"] if resume else []), *(["--overwrite"] if overwrite else []), *(["--debug"] if debug else [])]
-        run_guarded(lambda: launch_ranks(nproc, max_restarts, argv, config, overrides, resume), debug)
+        run_guarded(lambda: launch_ranks(nproc, max_restarts, argv, config, overrides, resume, overwrite), debug)
         return
     launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug, overwrite=overwrite)
 

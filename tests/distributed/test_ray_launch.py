@@ -54,6 +54,7 @@ def test_launch_refuses_bad_input_in_one_line_before_ray_starts(tmp_path):
         (["--ray", "nowhere"], "expected local, auto"),
         (["--ray", "local", "--strategy", "CLOSE"], "--strategy CLOSE"),
         (["--ray", "local", "--set", "rollout.nosuch=1"], "nosuch"),
+        (["--ray", "local", "--name", "r", "--resume", "--overwrite"], "--resume and --overwrite contradict"),
     ]
     for args, message in cases:
         proc = run_cli("-m", "scalerl.cli.main", "launch", *args, timeout=60, env={"PYTHONPATH": str(tmp_path)})
