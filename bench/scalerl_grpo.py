@@ -57,6 +57,12 @@ def main() -> None:
     summary = train(config)
     rows = read_metrics(Path(summary["run_dir"]))
     tokens = sum(r["tokens"] for r in rows)
+    # with eval.every set: (step, training seconds to that step without the evaluations, held-out pass rate)
+    curve, eval_s = [], 0.0
+    for r in rows:
+        eval_s += r.get("eval_time_s") or 0.0
+        if r.get("eval/pass_rate") is not None:
+            curve.append([r["step"], round(r["time/elapsed_s"] - eval_s, 4), r["eval/pass_rate"]])
     completions = len(rows) * config.batch_size
 
     cross_check = None
@@ -86,6 +92,7 @@ def main() -> None:
         "pass_rate_after_reference_eval": cross_check,
         "train_reward_first_step": round(rows[0]["reward_mean"], 4),
         "train_reward_last_step": round(rows[-1]["reward_mean"], 4),
+        "pass_rate_curve": curve,
         "torch_threads": torch.get_num_threads(),
         "seed": args.seed,
     }), flush=True)

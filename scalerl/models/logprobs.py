@@ -19,7 +19,7 @@ class CompletionForward:
 
 def completion_forward(
     model: torch.nn.Module, batch: Rollout, *, temperature: float = 1.0, fp32_head: bool = True,
-    with_entropy: bool = False, with_hidden: bool = False, share_prompts: bool = True,
+    with_entropy: bool = False, with_hidden: bool = False, layout: str = "auto",
 ) -> CompletionForward:
     """One forward pass over prompt + completion, keeping only what predicts the completion.
 
@@ -30,18 +30,30 @@ def completion_forward(
     copy of the head outside autocast. Only the T + 1 last positions get logits: the prompt's own
     next-token predictions are never needed.
 
-    With `share_prompts`, rows that repeat the row before them's prompt (a GRPO group) run that prompt
-    once: the decoder runs the distinct prompts with a KV cache, the cache is indexed out to every row
+    `layout` "auto" takes the cheapest of three that give the same numbers on real tokens (`_layout`;
+    at padding the values differ and mean nothing). "full" runs prompt + completion of every row.
+    "shared": rows that repeat the row before them's prompt (a GRPO group) run that prompt once: the
+    decoder runs the distinct prompts with a KV cache, the cache is indexed out to every row
     (gradients flow back through the index, summing over the group), and the completions run on it.
     Exact up to float rounding; it saves (n − 1)/n of the prompt positions' forward and backward.
-    Models with gradient checkpointing (no cache in training) or soft-capped logits take the full path.
+
+    "packed" (`_packed_hidden`, sdpa or eager attention): each group becomes one sequence, its prompt's
+    real tokens followed by the real tokens of each of its completions, with a block mask (a token sees
+    the prompt and the earlier tokens of its own completion) and each completion's positions continuing
+    the prompt's. No padding is computed and the decoder runs once. Its attention costs (group length)²,
+    so `_layout` takes it only where the FLOP count of the packed batch is below that of the padded one.
+    Models with soft-capped logits take the full path; gradient checkpointing (no cache in training)
+    takes the full or the packed path.
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, P+T)
     mask = batch.attention_mask()  # (B, P+T); a multi-turn episode's observations are context too
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     T = batch.completion_ids.shape[1]
-    if share_prompts and (groups := prompt_groups(batch)) is not None and _can_share(model):
-        last = _shared_prompt_hidden(model, batch, mask, positions, groups)  # (B, T, H)
+    layout = _layout(model, batch) if layout == "auto" else layout
+    if layout == "packed":
+        last = _packed_hidden(model, batch)  # (B, T, H)
+    elif layout == "shared":
+        last = _shared_prompt_hidden(model, batch, mask, positions, prompt_groups(batch))  # (B, T, H)
     elif fp32_head and head_not_fp32(model, ids.device.type):
         out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         last = out.last_hidden_state[:, -(T + 1):-1]  # (B, T, H) after the final norm
@@ -74,6 +86,94 @@ def prompt_groups(batch: Rollout) -> torch.Tensor | None:
     return starts.long().cumsum(0) - 1
 
 
+# A decoder layer call's fixed cost in FLOP terms. Measured on the W1 benchmark (bench/scalerl_grpo.py,
+# 1M-parameter Llama, 2 CPU threads, cProfile): "shared" took 10.9 ms of forward against "packed"'s 7.6 ms
+# for about the same FLOPs, i.e. ~0.8 ms per extra layer call, ~1.7e8 FLOP at the ~205 GFLOP/s its matmuls reach.
+CALL_FLOPS = 2e8
+
+
+def _layout(model: torch.nn.Module, batch: Rollout) -> str:
+    """"packed", "shared" or "full": the cheapest of the layouts this model and batch allow.
+
+    Per layer a position costs 2·(2h² + 2h·kv + 3h·m) FLOPs in its projections and MLP (h hidden, kv
+    the key/value width, m the MLP width), a (query, key) pair 4·h in attention (every layout's attention
+    runs over its whole mask: a custom mask gets no causal skipping), and each decoder call CALL_FLOPS
+    for its fixed per-operator cost ("shared" makes two calls): on small models, which are overhead-bound,
+    the calls decide; on large ones the FLOPs do."""
+    if model.get_output_embeddings() is None or getattr(model.config, "final_logit_softcapping", None):
+        return "full"
+    groups = prompt_groups(batch)
+    shared = groups is not None and _can_share(model)
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", "eager") or not _prefix_extent(batch):
+        return "shared" if shared else "full"
+    B, P = batch.prompt_ids.shape
+    T = batch.completion_ids.shape[1]
+    U = int(groups[-1]) + 1 if groups is not None else B
+    S = int(_group_lengths(batch, groups).max())
+    cfg = model.config
+    h, heads = cfg.hidden_size, getattr(cfg, "num_attention_heads", 1)
+    kv = (getattr(cfg, "num_key_value_heads", None) or heads) * (getattr(cfg, "head_dim", None) or h // heads)
+    m = getattr(cfg, "intermediate_size", None) or 4 * h
+    per_position, per_pair = 2 * (2 * h * h + 2 * h * kv + 3 * h * m), 4 * h
+    packed = CALL_FLOPS + U * S * per_position + U * S * S * per_pair
+    padded = (2 * CALL_FLOPS + U * P * per_position + U * P * P * per_pair + B * T * per_position + B * T * (P + T) * per_pair if shared
+              else CALL_FLOPS + B * (P + T) * per_position + B * (P + T) ** 2 * per_pair)
+    return "packed" if packed < padded else "shared" if shared else "full"
+
+
+def _prefix_extent(batch: Rollout) -> bool:
+    """Whether every row's real completion-side tokens are a prefix (no hole before its padding)."""
+    ext = batch.completion_extent()
+    return bool((ext == (torch.arange(ext.shape[1], device=ext.device) < ext.sum(1, keepdim=True))).all())
+
+
+def _group_lengths(batch: Rollout, groups: torch.Tensor | None) -> torch.Tensor:
+    """(U,) long: each group's packed length, its prompt's real tokens plus its completions' real tokens."""
+    lengths = batch.completion_extent().sum(1)  # (B,)
+    if groups is None:
+        return batch.prompt_mask.sum(1) + lengths
+    first = _group_starts(groups)
+    return batch.prompt_mask[first].sum(1) + torch.zeros(len(first), dtype=lengths.dtype, device=lengths.device).index_add_(0, groups, lengths)
+
+
+def _group_starts(groups: torch.Tensor) -> torch.Tensor:
+    """(U,) the first row of each run of `groups` (B,)."""
+    return torch.cat([torch.zeros(1, dtype=torch.long, device=groups.device), (groups[1:] != groups[:-1]).nonzero().squeeze(1) + 1])
+
+
+def _packed_hidden(model: torch.nn.Module, batch: Rollout) -> torch.Tensor:
+    """(B, T, H) final hidden states at the positions that predict each completion token (zeros at
+    padding), from one decoder pass over the packed groups (see `completion_forward`)."""
+    B, P = batch.prompt_ids.shape
+    T = batch.completion_ids.shape[1]
+    dev = batch.prompt_ids.device
+    groups = prompt_groups(batch)
+    groups = torch.arange(B, device=dev) if groups is None else groups
+    first = _group_starts(groups)  # (U,)
+    U, S = len(first), int(_group_lengths(batch, groups).max())
+    prompt_len = batch.prompt_mask[first].sum(1)  # (U,)
+    lengths = batch.completion_extent().sum(1)  # (B,)
+    before = lengths.cumsum(0) - lengths  # completion tokens of the rows before each row
+    start = prompt_len[groups] + before - before[first][groups]  # (B,) where each row's completion begins
+    ids = torch.full((U, S), 0, dtype=torch.long, device=dev)
+    positions = torch.zeros((U, S), dtype=torch.long, device=dev)
+    segment = torch.full((U, S), -1, dtype=torch.long, device=dev)  # 0 the prompt, b + 1 row b's completion
+    u, col = batch.prompt_mask[first].nonzero(as_tuple=True)  # left padded: real tokens end at column P − 1
+    dest = col - (P - prompt_len[u])
+    ids[u, dest], positions[u, dest], segment[u, dest] = batch.prompt_ids[first][u, col], dest, 0
+    b, t = batch.completion_extent().nonzero(as_tuple=True)
+    ub, dest = groups[b], start[b] + t
+    ids[ub, dest], positions[ub, dest], segment[ub, dest] = batch.completion_ids[b, t], prompt_len[ub] + t, b + 1
+    sees = torch.ones((S, S), dtype=torch.bool, device=dev).tril() & ((segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None]))
+    if model.config._attn_implementation == "eager":  # eager adds the mask to its scores
+        sees = torch.zeros(sees.shape, device=dev).masked_fill(~sees, torch.finfo(torch.float32).min)
+    hidden = model.get_decoder()(input_ids=ids, attention_mask=sees[:, None], position_ids=positions, use_cache=False).last_hidden_state
+    # token t of row b is predicted at its previous token: the prompt's last for t = 0
+    source = torch.where(t == 0, prompt_len[ub] - 1, dest - 1)
+    picked = hidden.reshape(U * S, -1)[ub * S + source]  # (tokens, H)
+    return picked.new_zeros(B * T, picked.shape[-1]).index_copy(0, b * T + t, picked).view(B, T, -1)
+
+
 def _can_share(model: torch.nn.Module) -> bool:
     # transformers 5.x renamed is_gradient_checkpointing (which now warns) to is_activation_checkpointing
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else "is_gradient_checkpointing"
@@ -86,7 +186,7 @@ def _shared_prompt_hidden(model: torch.nn.Module, batch: Rollout, mask: torch.Te
     """(B, T, H) final hidden states at the positions that predict each completion token, with each
     distinct prompt run once (see `completion_forward`)."""
     decoder, P = model.get_decoder(), batch.prompt_ids.shape[1]
-    first = torch.cat([torch.zeros(1, dtype=torch.long, device=groups.device), (groups[1:] != groups[:-1]).nonzero().squeeze(1) + 1])
+    first = _group_starts(groups)
     prompt = decoder(input_ids=batch.prompt_ids[first], attention_mask=batch.prompt_mask[first], position_ids=positions[first, :P],
                      use_cache=True)
     cache_name = "cache" if hasattr(prompt, "cache") else "past_key_values"  # transformers 5.x renamed it
