@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -39,7 +40,7 @@ KEYS = ["seconds_total", "seconds_per_step", "completions_per_second", "generate
 
 
 def last_json(cmd: list[str], cwd: Path, env: dict[str, str]) -> dict:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -117,7 +118,7 @@ def seconds_to(curve: list[tuple[int, float, float]], target: float) -> float | 
     linearly interpolated between the two evaluations around it; None if they never do."""
     if curve[0][2] >= target:
         return 0.0
-    for (_, s0, p0), (_, s1, p1) in zip(curve, curve[1:]):
+    for (_, s0, p0), (_, s1, p1) in itertools.pairwise(curve):
         if p1 >= target:
             return round(s0 + (s1 - s0) * (target - p0) / (p1 - p0), 3)
     return None
