@@ -59,7 +59,8 @@ class ModelConfig(_Section):
     trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless you trust it.")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa", description="flash_attention_2 needs a CUDA GPU and the flash-attn package; on CPU it falls back to sdpa with a warning.")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory; on by default "
+                                                            "in precision.mode=compressed (the mode that trades speed for memory).")
     fp32_lm_head: bool = Field(True, description="Compute log-probs from float32 logits whatever the model's dtype.")
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
@@ -309,12 +310,18 @@ class PrecisionConfig(_Section):
 
     mode: Literal["fp32", "standard", "aggressive", "compressed"] = Field(
         "fp32", description="fp32; standard: bf16 compute, fp32 master weights; aggressive: fp8 matmuls, bf16 weights and moments; "
-                            "compressed: bf16 weights, 8-bit AdamW moments (needs bitsandbytes).")
+                            "compressed: bf16 weights, 8-bit AdamW moments (needs bitsandbytes), activations recomputed in backward.")
     fp8: Literal["auto", "torchao", "simulated"] = Field(
         "auto", description="aggressive's fp8 matmuls: torchao float8 training (H100-class GPU), or simulated (quantise/dequantise on "
                             "any device: the numerics and memory, not the speed); auto: torchao, refused where it cannot run.")
     error_feedback: bool = Field(True, description="bf16 weights: carry each update's rounding error into the next update.")
     reference_8bit: bool = Field(False, description="compressed: keep the frozen reference model's linear weights in int8.")
+    fp32_residual: bool = Field(False, description="standard: keep the residual stream (the embedding's output and every layer's "
+                                "sum) in float32 under autocast; default: the compute dtype, as FSDP2's bf16 parameters and "
+                                "Megatron's bf16 training do (fewer and smaller saved activations).")
+    compute: Literal["bf16", "fp16"] = Field("bf16", description="standard's compute dtype; fp16 (GPUs without bf16) adds dynamic "
+                                             "loss scaling: the loss times a scale before backward, overflowing steps skipped, "
+                                             "the scale halved on overflow and doubled after 2000 clean updates.")
 
 
 # The older spelling `train.precision` of precision.mode.
@@ -674,6 +681,22 @@ class Config(_Section):
 
     @model_validator(mode="before")
     @classmethod
+    def _compressed_checkpoints(cls, data: Any) -> Any:
+        """precision.mode=compressed recomputes activations in backward unless model.gradient_checkpointing says
+        otherwise: its 8-bit states are a minor part of the memory once completions are long (bench/precision_modes.py)."""
+        if not isinstance(data, dict):
+            return data
+        precision, train = data.get("precision"), data.get("train")
+        mode = precision.get("mode") if isinstance(precision, dict) else None
+        if mode is None and isinstance(train, dict):
+            mode = LEGACY_PRECISION.get(train.get("precision"))
+        model = data.get("model")
+        if mode != "compressed" or (isinstance(model, dict) and "gradient_checkpointing" in model) or (model is not None and not isinstance(model, dict)):
+            return data
+        return {**data, "model": {**(model or {}), "gradient_checkpointing": True}}
+
+    @model_validator(mode="before")
+    @classmethod
     def _apply_cluster_preset(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("cluster_preset") in (None, "none") or data["cluster_preset"] not in (*CLUSTER_PRESETS, "auto"):
             return data  # an unknown name is the schema's to report
@@ -707,7 +730,7 @@ class Config(_Section):
                                 epochs=self.train.epochs, steps=self.train.steps)
         pr = self.precision
         self._precision = precision_policy(pr.mode, fp8=pr.fp8, error_feedback=pr.error_feedback, reference_8bit=pr.reference_8bit,
-                                           fp32_lm_head=self.model.fp32_lm_head)
+                                           fp32_lm_head=self.model.fp32_lm_head, compute=pr.compute, fp32_residual=pr.fp32_residual)
         return self
 
     @model_validator(mode="after")

@@ -75,13 +75,21 @@ class PrecisionPolicy:
     | mode | weights (= grads) | AdamW moments | matmuls | weight-update rounding | reference |
     |---|---|---|---|---|---|
     | fp32 | fp32 | fp32 | fp32 | - | fp32 |
-    | standard | fp32 master | fp32 | bf16 autocast | - | fp32 |
+    | standard | fp32 master | fp32 | bf16 (or fp16 with loss scaling) autocast | - | bf16 (or fp16) |
     | aggressive | bf16 | bf16 | fp8 (torchao on H100-class GPUs, else simulated) | error feedback | bf16 |
     | compressed | bf16 | 8-bit block-wise | bf16 | error feedback | bf16, or int8 with reference_8bit |
 
+    standard's residual stream (the embedding's output and each layer's sum) is in the compute dtype, as
+    under FSDP2's bf16 parameters or Megatron's default, unless `fp32_residual`: then autocast saves an
+    fp32 residual, fp32 norm outputs and a bf16 cast of each linear layer's input per consumer.
+    compressed also recomputes activations in backward by default (`model.gradient_checkpointing`, set
+    when the config is built): with long completions activations outweigh its 8-bit states.
     Error feedback: bf16 weights would drop the part of each update below half an ulp; the dropped
     rounding error is kept (8-bit block-wise) and added to the next update (scalerl/precision/adamw.py).
     `fp32_lm_head`: log-probs from a float32 LM-head matmul and softmax whatever the compute dtype.
+    Loss scaling (standard with `compute=fp16`): the loss is multiplied by a dynamic scale before
+    backward so that fp16 activation gradients do not underflow, the fp32 gradients divided by it
+    before clipping; an overflowing step is skipped and halves the scale (`next_loss_scale`).
     """
 
     mode: str
@@ -92,6 +100,8 @@ class PrecisionPolicy:
     error_feedback: bool
     reference_8bit: bool
     fp32_lm_head: bool
+    loss_scaling: bool = False
+    fp32_residual: bool = False  # standard: the residual stream stays float32 under autocast
 
     @property
     def fused_adamw(self) -> bool:
@@ -100,15 +110,33 @@ class PrecisionPolicy:
 
 
 def precision_policy(mode: str, *, fp8: str = "auto", error_feedback: bool = True, reference_8bit: bool = False,
-                     fp32_lm_head: bool = True) -> PrecisionPolicy:
+                     fp32_lm_head: bool = True, compute: str = "bf16", fp32_residual: bool = False) -> PrecisionPolicy:
     """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known)."""
     if mode not in MODES:
         raise ValueError(f"precision.mode must be one of {', '.join(MODES)}, not {mode!r}")
     if reference_8bit and mode != "compressed":
         raise ValueError(f"precision.reference_8bit applies to precision.mode=compressed (not {mode})")
+    if compute == "fp16" and mode != "standard":
+        raise ValueError(f"precision.compute=fp16 applies to precision.mode=standard (fp32 master weights; not {mode})")
     low = mode in ("aggressive", "compressed")
-    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode == "fp32" else "bfloat16",
+    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode == "fp32" else "float16" if compute == "fp16" else "bfloat16",
                            weights_dtype="bfloat16" if low else "float32",
                            moments={"aggressive": "bfloat16", "compressed": "8bit"}.get(mode, "float32"),
                            fp8=fp8 if mode == "aggressive" else None, error_feedback=error_feedback and low,
-                           reference_8bit=reference_8bit, fp32_lm_head=fp32_lm_head)
+                           reference_8bit=reference_8bit, fp32_lm_head=fp32_lm_head, loss_scaling=compute == "fp16",
+                           fp32_residual=fp32_residual)
+
+
+# Dynamic loss scaling (as torch.amp.GradScaler's defaults): start at 2^16, halve on an overflow, double
+# after GROWTH_INTERVAL overflow-free updates in a row.
+INITIAL_LOSS_SCALE, GROWTH_INTERVAL = 2.0**16, 2000
+
+
+def next_loss_scale(scale: float, good_steps: int, finite: bool) -> tuple[float, int]:
+    """(scale, overflow-free updates in a row) after an update whose unscaled gradient was `finite`:
+    S ← S/2 and the count restarts on an overflow; S ← 2S after GROWTH_INTERVAL good updates."""
+    if not finite:
+        return max(scale / 2, 1.0), 0
+    if good_steps + 1 >= GROWTH_INTERVAL:
+        return scale * 2, 0
+    return scale, good_steps + 1

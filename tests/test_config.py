@@ -349,3 +349,20 @@ def test_a_plugin_that_hangs_at_import_times_out(tmp_path, monkeypatch):
     monkeypatch.setenv("SCALERL_IMPORT_TIMEOUT_S", "0.5")
     msg = _error(None, ["env.name=probe_plugin_hangs:Env"])
     assert msg.startswith("env.name:") and "did not finish within 0.5 s" in msg, msg
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({}, False), ({"precision.mode": "standard"}, False), ({"precision.mode": "compressed"}, True),
+    ({"train.precision": "fp32"}, False), ({"precision.mode": "compressed", "model.gradient_checkpointing": False}, False),
+])
+def test_compressed_recomputes_activations_unless_told_otherwise(overrides, expected, tmp_path):
+    config = load_config(overrides=overrides)
+    assert config.model.gradient_checkpointing is expected
+    (tmp_path / "c.yaml").write_text(dump_config(config))  # the resolved value is what the run's config.yaml records
+    assert load_config(tmp_path / "c.yaml").model.gradient_checkpointing is expected
+
+
+def test_fp16_compute_is_for_standard_only():
+    assert load_config(overrides={"precision.mode": "standard", "precision.compute": "fp16"}).precision_policy.loss_scaling
+    with pytest.raises(ScaleRLError, match="precision.compute=fp16 applies to precision.mode=standard"):
+        load_config(overrides={"precision.mode": "compressed", "precision.compute": "fp16"})

@@ -136,7 +136,7 @@ def estimate(
                               reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                               checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0,
                               lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None,
-                              ewc=cfg.forgetting.ewc)
+                              ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
               f"precision {mode}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")

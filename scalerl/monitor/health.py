@@ -139,6 +139,11 @@ def phase_verdict(rewards: Sequence[float], *, sampling_se: float, min_steps: in
     return {"verdict": verdict, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}}
 
 
+def scaler_overflow(metrics: dict[str, Any]) -> bool:
+    """fp16's loss scaler skipped an update whose scaled gradient overflowed (the loss itself finite)."""
+    return bool(metrics.get("loss_scale_overflows")) and math.isfinite(metrics["loss"])
+
+
 class HealthMonitor:
     """Evaluates every rule on one step's metrics (the same on every rank, so responses agree).
 
@@ -209,6 +214,8 @@ class HealthMonitor:
     def evaluate(self, step: int, metrics: dict[str, Any]) -> list[Event]:
         """The step's events (actions still None: the trainer fills in what it did)."""
         cfg = self.config
+        if scaler_overflow(metrics):  # fp16: skipped and the scale halved, as planned; nothing to judge
+            return []
         if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
             self.nonfinite_streak += 1
             self.nonfinite_first = self.nonfinite_first if self.nonfinite_streak > 1 else step

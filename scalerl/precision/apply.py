@@ -52,8 +52,29 @@ def weights_dtype(policy: PrecisionPolicy) -> torch.dtype:
     return getattr(torch, policy.weights_dtype)
 
 
+def residual_in_compute_dtype(_module: torch.nn.Module, _inputs: Any, out: torch.Tensor) -> torch.Tensor:
+    """Forward hook on the input embedding and the norms: under autocast, their output in the compute dtype,
+    so that the residual stream, the norms' outputs and what every matmul saves for backward are bf16 (one
+    copy of each linear layer's input instead of an fp32 tensor plus one autocast cast per consumer). A norm
+    still computes in float32 inside (HF's RMSNorm upcasts); only its output is cast."""
+    device = out.device.type
+    if torch.is_autocast_enabled(device) and out.is_floating_point():
+        return out.to(torch.get_autocast_dtype(device))
+    return out
+
+
+def is_norm(module: torch.nn.Module) -> bool:
+    """A normalisation layer: torch's LayerNorm/RMSNorm or a model's own *RMSNorm/*LayerNorm class."""
+    name = type(module).__name__
+    return isinstance(module, (torch.nn.LayerNorm, torch.nn.RMSNorm)) or name.endswith(("RMSNorm", "LayerNorm"))
+
+
 def prepare_policy(model: torch.nn.Module, policy: PrecisionPolicy, device: torch.device) -> list[str]:
-    """Swap the linear layers for fp8 ones (aggressive), the LM head excepted; returns their names."""
+    """Standard's residual stream in the compute dtype (unless `fp32_residual`); swap the linear layers for fp8
+    ones (aggressive), the LM head excepted; returns their names."""
+    if policy.autocast_dtype is not None and policy.weights_dtype == "float32" and not policy.fp32_residual:
+        for module in (model.get_input_embeddings(), *(m for m in model.modules() if is_norm(m))):
+            module.register_forward_hook(residual_in_compute_dtype)
     match fp8_backend(policy, device):
         case "simulated":
             from scalerl.precision.fp8_simulated import convert_to_simulated_fp8
@@ -70,10 +91,14 @@ def prepare_policy(model: torch.nn.Module, policy: PrecisionPolicy, device: torc
 
 
 def build_reference(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn.Module:
-    """A frozen copy of the initial policy, its linear layers in int8 with `reference_8bit`."""
+    """A frozen copy of the initial policy: in the compute dtype when the policy's weights are fp32 masters
+    (standard: its matmuls run in bf16 under autocast anyway, and nothing updates it, so fp32 would only
+    double its bytes), its linear layers in int8 with `reference_8bit`."""
     reference = copy.deepcopy(model).eval()
     for p in reference.parameters():
         p.requires_grad_(False)
+    if policy.autocast_dtype is not None and policy.weights_dtype == "float32":
+        reference.to(getattr(torch, policy.autocast_dtype))
     if policy.reference_8bit:
         from scalerl.precision.int8_reference import quantize_linears
 

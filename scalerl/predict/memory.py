@@ -5,7 +5,7 @@ Bytes per parameter or element by precision mode (`precision.mode`, scalerl/plan
 | mode | weights | grads | AdamW (2 moments) | error feedback | activations | KV cache | reference |
 |---|---|---|---|---|---|---|---|
 | fp32 | 4 | 4 | 8 | - | 4 | 4 | 4 |
-| standard (bf16 autocast, fp32 master) | 4 (+ 2: autocast's bf16 copy of the decoder's weights, transient) | 4 | 8 | - | 2 | 4 | 4 |
+| standard (bf16 autocast, fp32 master) | 4 (+ 2: autocast's bf16 copy of the decoder's weights, transient) | 4 | 8 | - | 2 | 4 | 2 |
 | aggressive (fp8 matmuls, bf16 master) | 2 | 2 | 4 | 1 + s | 2 | 2 | 2 |
 | compressed (bf16, 8-bit moments) | 2 | 2 | 2 + 2s | 1 + s | 2 | 2 | 2, or 1 + per-row scale (reference_8bit) |
 
@@ -27,11 +27,13 @@ SiLU(gate) and their product (4i) — i.e. (8 + 2·kv/heads)·h + 4·i, the "fac
 the completion positions (the log-softmax keeps its input: V per token, ×2 with the entropy term).
 With gradient checkpointing only each layer's input (h) is kept, plus one layer recomputed at a time.
 Under bf16 autocast a layer saves its elements in bf16 except what runs in float32: the RMSNorms upcast
-their inputs (+ 4 bytes per token per hidden unit with bf16 weights), and with fp32 master weights
-(`standard`) the residual stream stays float32 (+ 14 in all), measured tensor by tensor on two shapes
-(h 256/i 768/MHA and h 384/i 1024/GQA: 2·E + 4h and 2·E + 14h bytes per layer and token, E the elements);
-the final norm adds 2h and 6h, and with bf16 weights the FP32 head keeps a float32 copy of its input
-(4h per completion position), measured on tests/predict/test_memory.py's shape.
+their inputs (+ 4 bytes per token per hidden unit), measured tensor by tensor on two shapes (h 256/i 768/MHA
+and h 384/i 1024/GQA: 2·E + 4h bytes per layer and token, E the elements); the final norm adds 2h, and
+the FP32 head keeps a float32 copy of its bf16 input (4h per completion position), measured on
+tests/predict/test_memory.py's shape. `standard` casts the embedding's and the norms' outputs to bf16
+(scalerl/precision/apply.py), so its residual stream is bf16 as with bf16 weights; with
+`precision.fp32_residual` it would save an fp32 residual and per-consumer casts (+ 14h per layer, +6h
+at the final norm and an fp32 KV cache: the 2026-12-04 measurement, `fp32_residual=True` here).
 
 KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes, tokens = the rollout batch
 (prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
@@ -45,7 +47,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from scalerl.errors import ScaleRLError
@@ -116,8 +118,8 @@ class Precision:
 
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision(weights=4, moments="float32", error_feedback=False, activations=4, kv=4, reference=4),
-    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=4, reference=4, working_copy=2,
-                          fp32_per_layer=14, fp32_final_norm=6),
+    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=2, reference=2, working_copy=2,
+                          fp32_per_layer=4, fp32_final_norm=2),
     "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
                             fp32_final_norm=2),
     "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
@@ -209,7 +211,8 @@ def activation_elements_per_token(shape: ModelShape, *, checkpointing: bool = Fa
 def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: bool = False, micro_batch: int,
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
-                    entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False) -> dict[str, float]:
+                    entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False,
+                    fp32_residual: bool = False) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
     `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
     the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off).
@@ -218,9 +221,12 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     p, n, tensors = PRECISIONS[precision], shape.params, shape.tensors()
+    fp32_residual = fp32_residual and precision == "standard"
+    if fp32_residual:  # autocast over an fp32 residual stream (precision.fp32_residual)
+        p = replace(p, kv=4, fp32_per_layer=14, fp32_final_norm=6)
     seq = prompt_len + completion_len
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)  # fp32 LM head
-    if p.weights < 4:  # the FP32 head's float32 copy of its bf16 input
+    if p.activations < 4 and not fp32_residual:  # the FP32 head's float32 copy of its bf16 input
         logits += micro_batch * (completion_len + 1) * shape.hidden * 4
     head = None if shape.tie_embeddings else tensors[-1]
     trained = lora_tensors(shape, *lora) if lora else tensors

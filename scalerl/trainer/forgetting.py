@@ -142,8 +142,10 @@ class Forgetting:
         self.anchor, self.rows, self.sft_weight, self.ewc, self.params, self.ctx = anchor, rows, sft_weight, ewc, params, ctx
         self.fisher_rows, self.fisher_batches = fisher_rows, fisher_batches
 
-    def sft_backward(self, policy_forward: torch.nn.Module, update: int, autocast: Callable, fp32_head: bool) -> dict[str, float]:
-        """The anchor's NLL for update number `update` (its rows: a function of the run seed, `update` and the rank)."""
+    def sft_backward(self, policy_forward: torch.nn.Module, update: int, autocast: Callable, fp32_head: bool,
+                     loss_scale: float = 1.0) -> dict[str, float]:
+        """The anchor's NLL for update number `update` (its rows: a function of the run seed, `update` and the rank);
+        its backward carries the learner's `loss_scale` (fp16) like the RL loss's."""
         if self.rows == 0:
             return {}
         batch = self.anchor.batch(0, update, self.rows, self.ctx.device)
@@ -151,7 +153,7 @@ class Forgetting:
         with autocast():
             logprobs = policy_forward(batch, fp32_head=fp32_head).logprobs.float()
         nll = sft_nll(logprobs, batch.completion_mask, normalizer=tokens)
-        (self.sft_weight * nll).backward()
+        (self.sft_weight * loss_scale * nll).backward()
         return {"sft/loss": self.ctx.sum(nll.detach().double().reshape(1)).item()}  # the anchor tokens' mean NLL, all ranks
 
     @torch.no_grad()

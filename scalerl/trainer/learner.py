@@ -31,7 +31,7 @@ from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, OptimConfig
 from scalerl.distributed.context import DistContext
 from scalerl.distributed.parallel import CompletionModel, Strategy, unwrap
-from scalerl.plan import BatchPlan, PrecisionPolicy
+from scalerl.plan import INITIAL_LOSS_SCALE, BatchPlan, PrecisionPolicy, next_loss_scale
 from scalerl.precision.apply import autocast_context, component_bytes, expected_bytes
 from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
 from scalerl.trainer.forgetting import Forgetting
@@ -47,6 +47,8 @@ class LearnerState:
     updates: int = 0  # optimizer updates applied: the lr schedule's position
     lr_scale: float = 1.0  # persistent cut by the kl_explosion response
     max_grad_norm: float | None = None  # optim.max_grad_norm, or 1.0 once a non-finite step turned clipping on
+    loss_scale: float = 1.0  # fp16's dynamic loss scale (scalerl/plan.py: next_loss_scale); 1 otherwise
+    loss_scale_good: int = 0  # overflow-free updates in a row at this scale
 
 
 @dataclass
@@ -95,7 +97,7 @@ class Learner:
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
         self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]  # peak lr of each group (policy, critic)
-        self.state = LearnerState(max_grad_norm=optim.max_grad_norm)
+        self.state = LearnerState(max_grad_norm=optim.max_grad_norm, loss_scale=INITIAL_LOSS_SCALE if precision.loss_scaling else 1.0)
         self.forgetting = forgetting
 
     @property
@@ -207,7 +209,7 @@ class Learner:
                 if self.forgetting is not None:  # the SFT anchor's rows: gradients kept local, summed with the last micro-batch's
                     with self.parallel.accumulating(sync=False):
                         stats.update(self.forgetting.sft_backward(self.policy_forward, self.state.updates, self.autocast,
-                                                                  self.precision.fp32_lm_head))
+                                                                  self.precision.fp32_lm_head, self.state.loss_scale))
                 for micro in range(start, rows.stop, plan.micro_batch_size):
                     last = micro + plan.micro_batch_size >= rows.stop  # only its backward reduces across ranks
                     with self.parallel.accumulating(sync=last):
@@ -236,18 +238,27 @@ class Learner:
             values=values, old_values=pick(t.old_values), returns=pick(t.returns))
         in_loss = 0.0 if self.algo.kl.in_reward else beta  # PPO's KL-in-reward is already in the advantages
         loss, diagnostics = rl_objective(inputs, **self.objective, beta=in_loss, normalizer=normalizer, token_normalizer=tokens)
-        loss.backward()
+        (loss * self.state.loss_scale if self.precision.loss_scaling else loss).backward()
         return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
 
     def apply_update(self, guard_scale: float = 1.0, stats: dict[str, float] | None = None) -> float:
         """Finish the sum of gradients over ranks (then add EWC's, the same on every rank), clip, step (skipped when
         the gradient is not finite); returns the norm. `stats` receives the EWC penalty."""
         self.parallel.finish_gradients()
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        if self.precision.loss_scaling:  # back to the loss's own scale, before EWC's gradient, clipping and the step
+            torch._foreach_mul_([p.grad for p in params if p.grad is not None], 1.0 / self.state.loss_scale)
         if self.forgetting is not None:
             (stats if stats is not None else {}).update(self.forgetting.ewc_gradients())
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         # The strategy's norm (of the summed gradient; dynamic sharding: each rank's own, the skip agreed) gives every rank the same skip.
         grad_norm = self.parallel.grad_norm(params, self.state.max_grad_norm or math.inf)
+        if self.precision.loss_scaling:
+            # An overflow at a scale above 1 is the scaler's to handle (halve, skip), not a non-finite gradient
+            overflow = not math.isfinite(grad_norm) and self.state.loss_scale > 1
+            if stats is not None:  # the scale this update's backward ran at
+                stats.update(loss_scale=self.state.loss_scale, loss_scale_overflows=float(overflow))
+            self.state.loss_scale, self.state.loss_scale_good = next_loss_scale(self.state.loss_scale, self.state.loss_scale_good,
+                                                                                math.isfinite(grad_norm))
         if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
             factor = lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale * guard_scale
             for group, base in zip(self.optimizer.param_groups, self.base_lrs):

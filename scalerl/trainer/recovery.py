@@ -28,7 +28,7 @@ from rich.markup import escape
 from scalerl.config import HealthConfig
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import Event, EventLog
-from scalerl.monitor.health import HealthMonitor
+from scalerl.monitor.health import HealthMonitor, scaler_overflow
 from scalerl.jsonl import read_metrics
 from scalerl.types import ScoredBatch
 from scalerl.rollout.worker import RolloutWorker
@@ -75,7 +75,7 @@ class HealthGuard:
         """Evaluate the rules on the step's metrics, respond, log; returns the `health/*` metrics.
         Raises ScaleRLError after too many non-finite steps in a row (or the first, when disabled)."""
         cfg, ctx = self.cfg, self.learner.ctx
-        finite = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm"))
+        finite = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")) or scaler_overflow(metrics)
         if not cfg.enabled or (not finite and not cfg.nonfinite.enabled):
             if not finite:  # the bad update was not applied
                 raise ScaleRLError(f"step {step}: loss or gradient norm is not finite; lower optim.lr or keep optim.max_grad_norm set")

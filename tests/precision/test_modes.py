@@ -123,11 +123,13 @@ def test_bytes_per_component_match_the_estimator_exactly(runs, mode, extra):
     assert {k: est[k] for k in measured} == measured
     fp32 = 1_063_808 * 4
     ratio = sum(measured.values()) / (5 * fp32)  # against fp32 weights + grads + two moments + reference
-    assert ratio == pytest.approx({"fp32": 1.0, "standard": 1.0, "compressed": 0.45 if not extra else 0.40,
+    # standard: fp32 weights, grads and moments, the reference in bf16
+    assert ratio == pytest.approx({"fp32": 1.0, "standard": 0.9, "compressed": 0.45 if not extra else 0.40,
                                    "aggressive": 0.55}[mode], abs=0.01), ratio
 
 
-@pytest.mark.parametrize("mode, extra", [("standard", {}), ("compressed", {"precision.reference_8bit": True}),
+@pytest.mark.parametrize("mode, extra", [("standard", {}), ("standard", {"precision.compute": "fp16"}),
+                                         ("compressed", {"precision.reference_8bit": True}),
                                          ("aggressive", {"precision.fp8": "simulated"})])
 def test_each_mode_trains(runs, mode, extra):
     """Six steps with a KL term: finite losses, the weights move, the KL to the (int8) reference is small and positive."""

@@ -39,9 +39,12 @@ def test_components_small_shape():
     assert len(s.tensors()) == 21 and sum(math.prod(t) for t in s.tensors()) == 1352
     # autocast's bf16 copy: every weight but the embedding (80), the FP32 head (80) and the norms (5 × 8)
     assert m8["optimizer"] == 2 * (1352 + 4 * 21) and m8["weights"] == 1352 * 4 and m8["working_copy"] == (1352 - 160 - 40) * 2
-    # bf16 elements, plus the float32 residual stream and norm inputs: 14 bytes per hidden unit per layer and
-    # token, 6 for the final norm
-    assert m8["activations"] == 2 * 8 * (296 * 2 + 2 * 14 * 8 + 6 * 8) + 480
+    # bf16 elements (the residual stream cast to bf16), plus the norms' float32 inputs: 4 bytes per hidden unit per
+    # layer and token, 2 for the final norm; the head's float32 copy of its input (2 × 6 positions × 8 × 4 B)
+    assert m8["activations"] == 2 * 8 * (296 * 2 + 2 * 4 * 8 + 2 * 8) + 480 + 2 * 6 * 8 * 4
+    # precision.fp32_residual: the float32 residual stream and norm outputs, 14 bytes per hidden unit per layer and token, 6 at the end
+    m32r = estimate_memory(s, precision="standard", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4, fp32_residual=True)
+    assert m32r["activations"] == 2 * 8 * (296 * 2 + 2 * 14 * 8 + 6 * 8) + 480
     c = estimate_memory(s, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4,
                         reference=True, reference_8bit=True)
     assert c["weights"] == c["gradients"] == 1352 * 2 and c["error_feedback"] == 1352 + 4 * 21
@@ -70,8 +73,8 @@ def test_bad_precision():
         estimate_memory(MODEL_PRESETS["7b"], precision="int4", micro_batch=1, prompt_len=1, completion_len=1, rollout_sequences=1)
 
 
-@pytest.mark.parametrize("mode", ["fp32", "standard", "compressed"])
-def test_activations_and_working_copy_match_what_autograd_saves(mode):
+@pytest.mark.parametrize("mode, fp32_residual", [("fp32", False), ("standard", False), ("standard", True), ("compressed", False)])
+def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_residual):
     """Each mode's forward, as the learner runs it (weights dtype, bf16 autocast, FP32 head), against the
     estimate: the tensors autograd saves for backward (parameters excluded) split into the working copy
     (bf16 casts of fp32 weights, or the FP32 head's float32 weight copy) and activations."""
@@ -82,7 +85,7 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode):
 
     from scalerl.models.logprobs import completion_forward
     from scalerl.plan import precision_policy
-    from scalerl.precision.apply import weights_dtype
+    from scalerl.precision.apply import prepare_policy, weights_dtype
     from scalerl.types import Rollout
 
     h, i, layers, heads, kv, vocab, micro, prompt, completion = 64, 192, 2, 4, 2, 50, 4, 12, 6
@@ -90,8 +93,9 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode):
     model = LlamaForCausalLM(LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=heads,
                                          num_key_value_heads=kv, vocab_size=vocab, tie_word_embeddings=False,
                                          attn_implementation="sdpa"))
-    policy = precision_policy(mode)
+    policy = precision_policy(mode, fp32_residual=fp32_residual)
     model = model.to(weights_dtype(policy)).train()
+    prepare_policy(model, policy, torch.device("cpu"))  # standard: the residual stream in bf16 unless fp32_residual
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     casts = {p.numel() * 2 for p in model.parameters() if p.dim() == 2}
     head_copy = model.lm_head.weight.numel() * 4
@@ -115,6 +119,7 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
         completion_forward(model, batch, fp32_head=policy.fp32_lm_head)
     shape = ModelShape(vocab=vocab, hidden=h, intermediate=i, layers=layers, heads=heads, kv_heads=kv, head_dim=h // heads)
-    est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion, rollout_sequences=micro)
+    est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion, rollout_sequences=micro,
+                          fp32_residual=fp32_residual)
     assert sum(copies.values()) == est["working_copy"]
     assert sum(saved.values()) == pytest.approx(est["activations"], rel=0.03)

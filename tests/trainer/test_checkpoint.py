@@ -46,12 +46,14 @@ VARIANTS = {
     # a prioritised replay buffer (inside each checkpoint) draws on after the resume as it would have
     "replay": {"replay.kind": "prioritized", "algorithm.tis_cap": 2.0, "replay.groups_per_step": 2},
     # the SFT anchor's draws and EWC's anchors and Fisher (in the DCP shards) carry over too
+    # fp16 compute: the loss scale and its count of clean updates (LearnerState) carry over
+    "fp16": {"precision.mode": "standard", "precision.compute": "fp16"},
     "forgetting": {"forgetting.data": str(ROOT / "tests" / "trainer" / "data" / "addition_anchor.jsonl"), "forgetting.ewc": True,
                    "forgetting.ewc_lambda": 10.0},
 }
 WEIGHT_FILES = {"grpo": ["model.safetensors"], "ppo": ["model.safetensors", "critic.safetensors"], "scalerl-adaptive": ["model.safetensors"],
                 "lora": ["adapter_model.safetensors"], "forgetting": ["model.safetensors"],
-                "replay": ["model.safetensors"]}
+                "replay": ["model.safetensors"], "fp16": ["model.safetensors"]}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
