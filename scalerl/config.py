@@ -522,7 +522,12 @@ class HealthPlateauConfig(_Section):
 
 class HealthGradNormConfig(_Section):
     enabled: bool = True
-    max: float = Field(10.0, gt=0, description="Warn when the (pre-clipping) gradient norm goes above this (once per excursion: it must come back under first).")
+    factor: float | None = Field(5.0, gt=1, description="Warn when the (pre-clipping) gradient norm goes above this multiple of the median "
+                                                         "of the last `window` steps' norms (after health.min_history steps; once per "
+                                                         "excursion: it must come back under first). null: only `max`.")
+    window: int = Field(50, ge=2, description="Steps whose median norm `factor` multiplies.")
+    max: float | None = Field(None, gt=0, description="Also warn above this absolute norm. Healthy default runs peak at 9–13 against a "
+                                                      "median of ~4.2 (3 seeds, 2026-12-06), so no absolute default fits every model.")
     cooldown: int = Field(100, ge=0, description="Excursions starting within this many steps of the last warning are counted, not announced; "
                                                   "the next warning says how many there were. 0: warn on every excursion.")
 

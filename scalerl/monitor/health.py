@@ -172,6 +172,7 @@ class HealthMonitor:
         self.nonfinite_streak = 0
         self.nonfinite_first = 0
         self.grad_above = False
+        self.grad_history: deque[float] = deque(maxlen=config.grad_norm.window)
         self.grad_warned_at: int | None = None
         self.grad_unannounced = 0
         self.best_pass_rate: float | None = None
@@ -198,7 +199,8 @@ class HealthMonitor:
         kl = metrics.get(self.config.kl.metric)
         if kl is not None:
             self.kl_history.append(kl)
-        self.grad_above = metrics["grad_norm"] > self.config.grad_norm.max  # an excursion in progress (resume included)
+        self.grad_above = metrics["grad_norm"] > self.grad_limit()[0]  # an excursion in progress (resume included)
+        self.grad_history.append(metrics["grad_norm"])
         reward = metrics["reward_mean"]
         self.reward_history.append(reward)
         self.rewards.append(reward)
@@ -240,8 +242,9 @@ class HealthMonitor:
                                     f"below that mean (more than the margin {margin}): check the batch for contaminated data",
                                     values={"reward_mean": reward, "window_mean": mu, "window_std": sigma, "floor": floor,
                                             "k": cfg.collapse.k, "margin": cfg.collapse.margin}))
-        if cfg.grad_norm.enabled and metrics["grad_norm"] > cfg.grad_norm.max and not was_above:  # an excursion starts
-            events += self._grad_norm_event(step, metrics["grad_norm"])
+        limit, why = self.grad_limit()
+        if cfg.grad_norm.enabled and metrics["grad_norm"] > limit and not was_above:  # an excursion starts
+            events += self._grad_norm_event(step, metrics["grad_norm"], limit, why)
         if cfg.no_signal.enabled:
             events += self._no_signal_event(step, metrics)
         self.observe(step, metrics)
@@ -283,7 +286,17 @@ class HealthMonitor:
                       values={"pass_rate": pass_rate, "best": self.best_pass_rate, "best_step": self.best_pass_rate_step,
                               "low_evals": self.low_evals})]
 
-    def _grad_norm_event(self, step: int, norm: float) -> list[Event]:
+    def grad_limit(self) -> tuple[float, str]:
+        """(the norm above which a step is an excursion, how it was set): the lower of `max` and `factor` × the
+        median of the last `window` norms (once there are health.min_history of them); inf when neither applies."""
+        cfg, limits = self.config.grad_norm, []
+        if cfg.max is not None:
+            limits.append((cfg.max, "max"))
+        if cfg.factor is not None and len(self.grad_history) >= self.config.min_history:
+            limits.append((cfg.factor * statistics.median(self.grad_history), "factor"))
+        return min(limits) if limits else (math.inf, "")
+
+    def _grad_norm_event(self, step: int, norm: float, limit: float, why: str) -> list[Event]:
         """A warning for an excursion above the limit, unless the last one was under `cooldown` steps ago (then it is counted)."""
         cfg = self.config.grad_norm
         if self.grad_warned_at is not None and step - self.grad_warned_at < cfg.cooldown:
@@ -291,9 +304,17 @@ class HealthMonitor:
             return []
         n = self.grad_unannounced
         since = f"; {n} more excursion{'s' * (n != 1)} since the warning at step {self.grad_warned_at}" if n else ""
-        x, limit = apart(norm, cfg.max, setting=True)
-        event = Event(step, "grad_norm", "warning", f"gradient norm {x} > {limit} (before clipping){since}",
-                      values={"grad_norm": norm, "max": cfg.max, "unannounced_excursions": self.grad_unannounced})
+        if why == "max":
+            x, shown = apart(norm, cfg.max, setting=True)
+            text = f"gradient norm {x} > {shown} (before clipping){since}"
+        else:
+            median = statistics.median(self.grad_history)
+            x, shown = apart(norm, limit)
+            text = (f"gradient norm {x} > {cfg.factor:g} x the median {median:.3g} of the last {len(self.grad_history)} steps = {shown} "
+                    f"(before clipping){since}")
+        event = Event(step, "grad_norm", "warning", text,
+                      values={"grad_norm": norm, "limit": limit, "max": cfg.max, "factor": cfg.factor,
+                              "unannounced_excursions": self.grad_unannounced})
         self.grad_warned_at, self.grad_unannounced = step, 0
         return [event]
 

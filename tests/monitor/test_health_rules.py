@@ -113,8 +113,27 @@ def test_monitor_nonfinite_streak_skips_other_rules():
     assert m.nonfinite_first == 4 and len(m.rewards) == 1  # non-finite steps stay out of the histories
 
 
+def test_grad_norm_is_judged_against_the_runs_own_median():
+    """The default rule: factor 5 x the median of the last 50 norms. A healthy default run's norms (median ~4.2,
+    peaks 9-13: 3 seeds, 2026-12-06) stay quiet; a spike to 30 warns and says the numbers that decided."""
+    quiet = dict(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False}, no_signal={"enabled": False})
+    m = HealthMonitor(HealthConfig(**quiet), completions_per_step=16)
+    healthy = [4.0, 4.5, 3.8, 13.3, 4.2, 6.7, 3.9, 9.9, 4.1, 4.4] * 3
+    assert not any(_run(m, [_metrics(grad_norm=g) for g in healthy]).values())
+    spike = m.evaluate(len(healthy) + 1, _metrics(grad_norm=30.0))
+    assert [e.rule for e in spike] == ["grad_norm"]
+    assert spike[0].message == "gradient norm 30 > 5 x the median 4.3 of the last 30 steps = 21.5 (before clipping)"
+    assert spike[0].values["limit"] == pytest.approx(21.5)
+    resumed = HealthMonitor(HealthConfig(**quiet), completions_per_step=16)
+    resumed.load_state_dict(json.loads(json.dumps(m.state_dict())))  # a checkpoint keeps the window
+    assert resumed.grad_limit() == m.grad_limit()
+    early = HealthMonitor(HealthConfig(**quiet), completions_per_step=16)
+    assert not any(_run(early, [_metrics(grad_norm=g) for g in (1.0, 50.0)]).values())  # no history yet: nothing to compare with
+
+
 def test_monitor_grad_norm_once_per_excursion_and_cooldown():
-    cfg = HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False}, grad_norm={"cooldown": 4})
+    cfg = HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False},
+                       grad_norm={"cooldown": 4, "max": 10, "factor": None})
     m = HealthMonitor(cfg, completions_per_step=16)
     norms = [12, 13, 1, 12, 1, 1, 12, 1, 12, 1, 1, 1, 1, 12]
     fired = {s: r for s, r in _run(m, [_metrics(grad_norm=g) for g in norms]).items() if r}
@@ -125,7 +144,8 @@ def test_monitor_grad_norm_once_per_excursion_and_cooldown():
     events = [e for s, g in enumerate(norms, 1) for e in m2.evaluate(s, _metrics(grad_norm=g))]
     assert [e.values["unannounced_excursions"] for e in events] == [0, 1, 1]
     assert events[1].message == "gradient norm 12 > 10 (before clipping); 1 more excursion since the warning at step 1"
-    every = HealthMonitor(HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, grad_norm={"cooldown": 0}), completions_per_step=16)
+    every = HealthMonitor(HealthConfig(kl={"enabled": False}, plateau={"enabled": False}, grad_norm={"cooldown": 0, "max": 10, "factor": None}),
+                          completions_per_step=16)
     assert [s for s, r in _run(every, [_metrics(grad_norm=g) for g in norms]).items() if r] == [1, 4, 7, 9, 14]
 
 
@@ -203,7 +223,7 @@ def test_printed_comparisons_read_true():
     assert digits_apart(0.2, 0.2) == 3  # equal numbers print equal
 
     quiet = dict(kl={"enabled": False}, plateau={"enabled": False}, collapse={"enabled": False}, no_signal={"enabled": False})
-    m = HealthMonitor(HealthConfig(**quiet), completions_per_step=16)
+    m = HealthMonitor(HealthConfig(**quiet, grad_norm={"max": 10}), completions_per_step=16)
     assert m.evaluate(1, _metrics(grad_norm=10.04))[0].message == "gradient norm 10.04 > 10 (before clipping)"
     band = HealthMonitor(HealthConfig(plateau={"enabled": False}, collapse={"enabled": False}), completions_per_step=16)
     assert band.evaluate(1, _metrics(kl_seq=3.00002))[0].message == "kl_seq 3.00002 is above the healthy band [0.5, 3]"
