@@ -122,9 +122,11 @@ def _layout(model: torch.nn.Module, batch: Rollout) -> str:
 
 
 def _prefix_extent(batch: Rollout) -> bool:
-    """Whether every row's real completion-side tokens are a prefix (no hole before its padding)."""
+    """Whether every row's real completion-side tokens are a prefix (no hole before its padding) and every
+    prompt has a token (the one that predicts the first completion token)."""
     ext = batch.completion_extent()
-    return bool((ext == (torch.arange(ext.shape[1], device=ext.device) < ext.sum(1, keepdim=True))).all())
+    prefix = (ext == (torch.arange(ext.shape[1], device=ext.device) < ext.sum(1, keepdim=True))).all()
+    return bool(prefix) and bool((batch.prompt_mask.sum(1) > 0).all())
 
 
 def _group_lengths(batch: Rollout, groups: torch.Tensor | None) -> torch.Tensor:

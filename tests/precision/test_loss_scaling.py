@@ -7,12 +7,17 @@ import math
 
 import pytest
 import torch
-
 from conftest import tiny_overrides
+
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
-from scalerl.plan import GROWTH_INTERVAL, INITIAL_LOSS_SCALE, next_loss_scale, precision_policy
+from scalerl.plan import (
+    GROWTH_INTERVAL,
+    INITIAL_LOSS_SCALE,
+    next_loss_scale,
+    precision_policy,
+)
 from scalerl.trainer import loop
 from scalerl.trainer.step import step_metrics
 
