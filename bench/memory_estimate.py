@@ -14,7 +14,8 @@ the second step weights, gradients, AdamW states and one micro-batch's activatio
 
 Each precision mode (`--modes`, default fp32 standard compressed) runs as the trainer runs it: the
 mode's weight dtype, its AdamW (`scalerl.precision.apply.build_adamw`: fused fp32, or 8-bit moments with
-error feedback), bf16 autocast with the FP32 LM head; `optimizer` then includes the error feedback.
+error feedback), bf16 autocast with the FP32 LM head, the mode's `prepare_policy` (standard's bf16 residual
+stream); `optimizer` then includes the error feedback.
 
     python bench/memory_estimate.py --save
 """
@@ -49,7 +50,7 @@ def measure(name: str, mode: str) -> dict:
 
     from scalerl.models.logprobs import completion_forward
     from scalerl.plan import precision_policy
-    from scalerl.precision.apply import build_adamw, component_bytes, weights_dtype
+    from scalerl.precision.apply import build_adamw, component_bytes, prepare_policy, weights_dtype
     from scalerl.types import Rollout
 
     torch.set_num_threads(1)
@@ -59,6 +60,7 @@ def measure(name: str, mode: str) -> dict:
                       max_position_embeddings=256, tie_word_embeddings=False, attn_implementation="sdpa")
     policy = precision_policy(mode)
     model = LlamaForCausalLM(cfg).to(weights_dtype(policy)).train()
+    prepare_policy(model, policy, torch.device("cpu"))  # standard: the residual stream in bf16, as in training
     opt = build_adamw([{"params": list(model.parameters())}], policy, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                       device=torch.device("cpu"))
     autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if policy.autocast_dtype else contextlib.nullcontext
