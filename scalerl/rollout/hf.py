@@ -20,6 +20,7 @@ from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
 
+from scalerl.errors import ScaleRLError
 from scalerl.models.logprobs import head_logits, head_not_fp32
 from scalerl.types import Rollout, SamplingParams
 
@@ -59,6 +60,9 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     one), so it is kept strictly below the total."""
     cdf = probs.cumsum(-1)  # (B, V)
     total = cdf[:, -1:]  # (B, 1)
+    if not bool(torch.isfinite(total).all()):  # NaN/inf logits would select past the vocabulary
+        raise ScaleRLError("sampling: the policy's next-token probabilities are not finite (NaN or inf logits): its weights "
+                           "are not finite, or the model overflows in this precision; check the checkpoint, or try precision.mode=fp32")
     x = torch.minimum(u[:, None] * total, torch.nextafter(total, torch.zeros_like(total)))  # (B, 1), < total
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from scalerl.errors import ScaleRLError
 from scalerl.models.paths import builtin_model_dir
 from scalerl.rollout.hf import HFSampler, inverse_cdf
 from scalerl.types import SamplingParams
@@ -29,6 +30,11 @@ def test_greedy_matches_transformers_generate():
     for mine, theirs, mask in zip(ours.completion_ids.tolist(), ref.tolist(), ours.completion_mask.tolist()):
         n = sum(mask)
         assert mine[:n] == theirs[:n]
+
+
+def test_non_finite_probabilities_are_a_clear_error_not_an_index_error():
+    with pytest.raises(ScaleRLError, match="next-token probabilities are not finite"):
+        inverse_cdf(torch.tensor([[0.5, float("nan"), 0.5]]), torch.tensor([0.3]))
 
 
 def test_inverse_cdf_by_hand_and_never_a_zero_probability_token():
