@@ -44,10 +44,15 @@ def _learner(runs, name, **extra):
     return loop.build_roles(config, DistContext(), resume=False)[:2]
 
 
-def _applied_gradient(rollout, learner, batch):
+def _applied_gradient(learner, batch):
     """The gradient the optimizer steps with (after unscaling and clipping), and the step's metrics."""
     seen, step = [], learner.optimizer.step
-    learner.optimizer.step = lambda *a, **k: (seen.append(torch.cat([p.grad.flatten() for p in learner.policy.parameters()])), step(*a, **k))[1]
+
+    def recording_step(*args, **kwargs):
+        seen.append(torch.cat([p.grad.flatten() for p in learner.policy.parameters()]))
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording_step
     metrics = learner.learn(batch, 1)
     return (seen[0] if seen else None), metrics
 
@@ -58,10 +63,10 @@ def test_fp16_gradients_are_unscaled_and_match_fp32(runs):
     torch.manual_seed(0)
     rollout32, learner32 = _learner(runs, "fp32", **{"optim.max_grad_norm": None})
     batch = rollout32.produce(1)
-    g32, _ = _applied_gradient(rollout32, learner32, batch)
-    rollout16, learner16 = _learner(runs, "fp16", **{**FP16, "optim.max_grad_norm": None})
+    g32, _ = _applied_gradient(learner32, batch)
+    _, learner16 = _learner(runs, "fp16", **{**FP16, "optim.max_grad_norm": None})
     assert learner16.state.loss_scale == INITIAL_LOSS_SCALE
-    g16, metrics = _applied_gradient(rollout16, learner16, batch)
+    g16, metrics = _applied_gradient(learner16, batch)
     assert metrics["loss_scale"] == INITIAL_LOSS_SCALE and metrics["loss_scale_overflows"] == 0.0
     rel = ((g16 - g32).norm() / g32.norm()).item()
     assert rel < 0.02, rel  # fp16 matmuls: ~1e-3 here; an unscaled gradient would be 65536× off
