@@ -8,9 +8,13 @@ the second step weights, gradients, AdamW states and one micro-batch's activatio
 - weights / gradients / optimizer: bytes of the parameters, of their .grad, of AdamW's state tensors;
 - activations: bytes of the distinct storages autograd saves for backward during one micro-batch's
   forward (`torch.autograd.graph.saved_tensors_hooks`; parameters excluded);
-- peak: the process's peak RSS (ru_maxrss) minus its RSS after imports, before the model is built.
-  This also holds transients the estimate does not model (gradients of activations during backward,
-  matmul workspaces, allocator slack), so it is compared with the estimated peak W + G + O + A.
+- backward_transient: how far the peak RSS rose during the backward that set it, over the RSS just before
+  that backward (the head's float32 gradients come before any activation is freed); 0 when no backward set
+  the peak;
+- peak: the process's peak RSS (ru_maxrss) minus its RSS after imports (bitsandbytes' too, for the 8-bit
+  modes: library code, not training memory), before the model is built. This also holds what the estimate
+  does not model (matmul workspaces, allocator slack), and is compared with the estimated peak
+  W + G + O + C + max(A + T, optimizer step).
 
 Each precision mode (`--modes`, default fp32 standard compressed) runs as the trainer runs it: the
 mode's weight dtype, its AdamW (`scalerl.precision.apply.build_adamw`: fused fp32, or 8-bit moments with
@@ -50,10 +54,13 @@ def measure(name: str, mode: str) -> dict:
 
     from scalerl.models.logprobs import completion_forward
     from scalerl.plan import precision_policy
+    from scalerl.precision.adamw import _bnb_functional
     from scalerl.precision.apply import build_adamw, component_bytes, prepare_policy, weights_dtype
     from scalerl.types import Rollout
 
     torch.set_num_threads(1)
+    if mode in ("compressed", "aggressive"):  # the 8-bit states' library: code, not training memory
+        _bnb_functional()
     base_rss = psutil.Process().memory_info().rss
     torch.manual_seed(0)
     cfg = LlamaConfig(**CONFIGS[name], head_dim=CONFIGS[name]["hidden_size"] // CONFIGS[name]["num_attention_heads"],
@@ -89,7 +96,10 @@ def measure(name: str, mode: str) -> dict:
                        completion_mask=ones(COMPLETION), sampler_logprobs=torch.zeros(MICRO, COMPLETION),
                        group_ids=torch.arange(MICRO), truncated=torch.zeros(MICRO, dtype=torch.bool))
 
-    activations = 0
+    def maxrss() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    activations, transient = 0, 0
     for step in range(2):
         for micro in range(2):
             if step == 0 and micro == 0:
@@ -100,16 +110,20 @@ def measure(name: str, mode: str) -> dict:
                 with autocast():
                     out = completion_forward(model, batch(), fp32_head=policy.fp32_lm_head)
             loss = -(out.logprobs.float() * torch.randn(MICRO, 1)).mean() / 2
+            before, max_before = psutil.Process().memory_info().rss, maxrss()
             loss.backward()
+            del out, loss
+            if maxrss() > max_before:  # this backward set the peak: how far it rose over the forward's end
+                transient = maxrss() - before
         grads = sum(p.grad.nbytes for p in model.parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
     weights = sum(p.nbytes for p in model.parameters())
     parts = component_bytes(None, opt)
     optim = parts["optimizer"] + parts["error_feedback"]
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base_rss
+    peak = maxrss() - base_rss
     return {"weights": weights, "gradients": grads, "optimizer": optim, "working_copy": working_copy, "activations": activations,
-            "peak_rss_growth": peak,
+            "backward_transient": transient, "peak_rss_growth": peak,
             "params": sum(p.numel() for p in model.parameters())}
 
 
@@ -118,12 +132,13 @@ def compare(name: str, mode: str, measured: dict) -> dict:
 
     c = CONFIGS[name]
     shape = ModelShape.from_hf_config({**c, "head_dim": c["hidden_size"] // c["num_attention_heads"]})
-    est = estimate_memory(shape, precision=mode, micro_batch=MICRO, prompt_len=PROMPT, completion_len=COMPLETION, rollout_sequences=MICRO)
+    est = estimate_memory(shape, precision=mode, micro_batch=MICRO, prompt_len=PROMPT, completion_len=COMPLETION, rollout_sequences=2 * MICRO)
     est["optimizer"] += est["error_feedback"]
-    est_peak = est["weights"] + est["gradients"] + est["optimizer"] + est["working_copy"] + max(est["activations"], est["optimizer_step"])
+    est_peak = est["weights"] + est["gradients"] + est["optimizer"] + est["working_copy"] + max(est["activations"] + est["backward_transient"],
+                                                                                             est["optimizer_step"])
     rows = {k: {"estimate_mb": est[k] / 2**20, "measured_mb": measured[k] / 2**20, "rel_error": est[k] / measured[k] - 1}
-            for k in ("weights", "gradients", "optimizer", "working_copy", "activations") if measured[k] or est[k]}
-    rows["peak (W+G+O+C+max(A, step) vs RSS growth)"] = {"estimate_mb": est_peak / 2**20, "measured_mb": measured["peak_rss_growth"] / 2**20,
+            for k in ("weights", "gradients", "optimizer", "working_copy", "activations", "backward_transient") if measured[k] or est[k]}
+    rows["peak (W+G+O+C+max(A+T, step) vs RSS growth)"] = {"estimate_mb": est_peak / 2**20, "measured_mb": measured["peak_rss_growth"] / 2**20,
                                              "rel_error": est_peak / measured["peak_rss_growth"] - 1}
     return {"config": name, "mode": mode, "shape": c, "params_estimate": est["params"], "params_measured": measured["params"],
             "components": rows}

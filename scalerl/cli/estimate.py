@@ -143,8 +143,8 @@ def estimate(
         if cfg.model.lora.enabled:
             print(f"LoRA r={cfg.model.lora.r} on {cfg.model.lora.target_modules}: weights, gradients and optimizer are the adapters'; "
                   "the base is frozen_base; the reference is the base with the adapters off (no copy)")
-        for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy", "activations", "kv_cache",
-                    "optimizer_step", "reference", "critic", "peak"):
+        for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy", "activations",
+                    "backward_transient", "kv_cache", "optimizer_step", "reference", "critic", "peak"):
             print(f"  {key:<14} {mem[key] / GIB:10.3f} GiB")
         n = gpus_needed(mem, gpu_mem_gb)
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"

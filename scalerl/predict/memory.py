@@ -38,8 +38,10 @@ at the final norm and an fp32 KV cache: the 2026-12-04 measurement, `fp32_residu
 KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes, tokens = the rollout batch
 (prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
 at a time in float32, with up to four float32 temporaries of the largest tensor (`optimizer_step`).
-Rollout, the backward and the optimizer step come one after the other, so the peak is
-    states + max(activations, KV cache, optimizer step),
+The backward's first nodes, the log-softmax's and the LM head's, add float32 gradients of the logits or of
+the head weight before they free any activation (`backward_transient`). Rollout, the backward and the optimizer step come one
+after the other, so the peak is
+    states + max(activations + backward transient, KV cache, optimizer step),
     states = weights + grads + optimizer + error feedback + working copy (+ reference) (+ critic)
 """
 
@@ -244,20 +246,36 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if critic == "separate":  # a value model from the policy's backbone: its own weights, grads, states, activations
         body = tensors[:-1] if head else tensors
         out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
+    out["backward_transient"] = backward_transient_bytes(shape, micro_batch=micro_batch, completion_len=completion_len, entropy=entropy,
+                                                         head_grad=not lora, bf16_weights=p.weights < 4)
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
     out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
     out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy",
                                          "reference", "critic"))
-    out["peak"] = out["states"] + max(out["activations"], out["kv_cache"], out["optimizer_step"])
+    out["peak"] = out["states"] + max(out["activations"] + out["backward_transient"], out["kv_cache"], out["optimizer_step"])
     return out
 
 
+def backward_transient_bytes(shape: ModelShape, *, micro_batch: int, completion_len: int, entropy: bool, head_grad: bool,
+                             bf16_weights: bool) -> float:
+    """What the backward allocates on top of the forward's activations, at its start, before it frees them:
+    the log-softmax's backward (logprob = z_y − logsumexp(z)) holds the gather's gradient of the float32 logits
+    and the three logits-sized temporaries of grad·exp(z − lse) at once, 4 × the logits' bytes (profiled with
+    torch.profiler; bench/memory_estimate.py measures it as peak RSS in the backward over RSS before it, on two
+    shapes; the entropy term doubles the logits, not measured). Then the head's matmul: its weight's float32
+    gradient (4·V·h; for bf16 weights also its bf16 cast) while the logits' own saved copy has been freed. Which
+    is larger depends on tokens per micro-batch against the hidden size."""
+    logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)
+    head = 4.0 * shape.vocab * shape.hidden * (1.5 if bf16_weights else 1.0) if head_grad else 0.0
+    return max(4.0 * logits, head)
+
+
 def gpus_needed(mem: dict[str, float], gpu_mem_gb: float, *, usable: float = 0.9, max_gpus: int = 4096) -> int | None:
-    """Smallest n with states / n + max(activations, KV cache) ≤ usable × GPU memory: the states fully sharded
+    """Smallest n with states / n + max(activations + backward transient, KV cache) ≤ usable × GPU memory: the states fully sharded
     (FSDP / ZeRO-3), activations and KV cache per process (each process samples its own prompts). 10 % is
     left for the CUDA context, the allocator's fragmentation and communication buffers. None: never fits."""
     budget = usable * gpu_mem_gb * GIB
-    per_process = max(mem["activations"], mem["kv_cache"])
+    per_process = max(mem["activations"] + mem["backward_transient"], mem["kv_cache"])
     if per_process >= budget:
         return None
     n = math.ceil(mem["states"] / (budget - per_process))

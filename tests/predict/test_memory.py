@@ -30,7 +30,15 @@ def test_components_small_shape():
     assert m["activations"] == 19424
     # KV: 2 layers × 2 × 1 kv head × 4 × (4 sequences × 8 tokens) × 4 B = 2048
     assert m["kv_cache"] == 2048
-    assert m["peak"] == 1352 * 20 + 19424
+    # the backward's start: 4 × the 480 B of float32 logits (the log-softmax's backward), more than the head
+    # weight's float32 gradient (10 × 8 × 4 B)
+    assert m["backward_transient"] == 4 * 480
+    assert m["peak"] == 1352 * 20 + 19424 + 4 * 480
+    wide = ModelShape(vocab=10, hidden=64, intermediate=16, layers=2, heads=2, kv_heads=1, head_dim=4)
+    w = estimate_memory(wide, precision="fp32", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
+    assert w["backward_transient"] == 10 * 64 * 4  # a wide head: its gradient (2,560 B) outweighs 4 × 480
+    wc = estimate_memory(wide, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
+    assert wc["backward_transient"] == 10 * 64 * 6  # bf16 weights: and its bf16 cast
     assert m["error_feedback"] == m["working_copy"] == 0
     m8 = estimate_memory(s, precision="standard", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
     # 8-bit moments: 2 bytes per value plus two float32 scales per 256-value block of each tensor; the tensors
@@ -58,10 +66,11 @@ def test_components_small_shape():
 
 
 def test_gpus_and_cost():
-    mem = {"states": 100 * 2**30, "activations": 20 * 2**30, "kv_cache": 10 * 2**30}
-    # budget 0.9 × 80 = 72 GiB; 72 − 20 = 52 per GPU for states → ceil(100 / 52) = 2
+    mem = {"states": 100 * 2**30, "activations": 18 * 2**30, "backward_transient": 2 * 2**30, "kv_cache": 10 * 2**30}
+    # budget 0.9 × 80 = 72 GiB; 72 − (18 + 2) = 52 per GPU for states → ceil(100 / 52) = 2
     assert gpus_needed(mem, 80) == 2
     assert gpus_needed({**mem, "activations": 80 * 2**30}, 80) is None
+    assert gpus_needed({**mem, "backward_transient": 5 * 2**30}, 80) == 3  # 72 − (18 + 5) = 49 per GPU → ceil(100 / 49)
     c = run_cost(steps=1000, tokens_per_step=3.6e5, tokens_per_s=1e5, gpus=8, price_per_gpu_hour=2.0, efficiency=0.8)
     # hours = 1000 × 3.6e5 / 1e5 / 3600 = 1; cost = 2 × 8 GPU-h / 0.8 = 20
     assert c["hours"] == 1.0 and c["gpu_hours"] == 8.0 and c["cost"] == 20.0
@@ -123,3 +132,67 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_resid
                           fp32_residual=fp32_residual)
     assert sum(copies.values()) == est["working_copy"]
     assert sum(saved.values()) == pytest.approx(est["activations"], rel=0.03)
+
+
+@pytest.mark.parametrize("mode, vocab, hidden, micro, completion", [("fp32", 4000, 32, 4, 15), ("compressed", 4000, 32, 4, 15),
+                                                                   ("fp32", 2000, 512, 1, 3), ("compressed", 2000, 512, 1, 3)])
+def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hidden, micro, completion):
+    """The bytes the backward allocates beyond what it frees, at their highest, against `backward_transient`:
+    a large vocabulary makes the log-softmax's 4 × logits the larger, a wide head its weight's gradient. Every
+    tensor an aten op creates during backward is tracked (a TorchDispatchMode; each storage counted once, until
+    it is freed); the forward's saved tensors are left out (the backward frees them later than these peaks)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from scalerl.models.logprobs import completion_forward
+    from scalerl.plan import precision_policy
+    from scalerl.precision.apply import weights_dtype
+    from scalerl.types import Rollout
+
+    prompt = 6
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                      vocab_size=vocab, tie_word_embeddings=False, attn_implementation="sdpa")
+    policy = precision_policy(mode)
+    model = LlamaForCausalLM(cfg).to(weights_dtype(policy)).train()
+    g = torch.Generator().manual_seed(1)
+    ones = lambda n: torch.ones(micro, n, dtype=torch.long)  # noqa: E731
+    batch = Rollout(prompt_ids=torch.randint(3, vocab, (micro, prompt), generator=g), prompt_mask=ones(prompt),
+                    completion_ids=torch.randint(3, vocab, (micro, completion), generator=g), completion_mask=ones(completion),
+                    sampler_logprobs=torch.zeros(micro, completion), group_ids=torch.arange(micro),
+                    truncated=torch.zeros(micro, dtype=torch.bool))
+    for p in model.parameters():  # a second micro-batch's backward: the gradients exist already
+        p.grad = torch.zeros_like(p)
+    loss = -(completion_forward(model, batch, fp32_head=policy.fp32_lm_head).logprobs.float() * torch.randn(micro, 1)).mean()
+
+    class Live(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.live, self.peak, self.seen = 0, 0, set()
+
+        def _freed(self, ptr, nbytes):
+            self.live -= nbytes
+            self.seen.discard(ptr)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+            for t in tree_flatten(out)[0]:  # new storages only: not in-place results nor views of an input
+                if (isinstance(t, torch.Tensor) and (s := t.untyped_storage()).data_ptr() not in self.seen | inputs
+                        and s.nbytes()):
+                    self.seen.add(s.data_ptr())
+                    self.live += s.nbytes()
+                    weakref.finalize(s, self._freed, s.data_ptr(), s.nbytes())
+            self.peak = max(self.peak, self.live)
+            return out
+
+    with Live() as tracker:
+        loss.backward()
+    shape = ModelShape(vocab=vocab, hidden=hidden, intermediate=64, layers=1, heads=2, kv_heads=2, head_dim=hidden // 2)
+    est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion,
+                          rollout_sequences=2 * micro)["backward_transient"]
+    assert tracker.peak == pytest.approx(est, rel=0.1)
