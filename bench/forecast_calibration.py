@@ -4,6 +4,8 @@ Synthetic: four curve families (R0, A, B, C_mid) evaluated every 50 steps to ste
 Gaussian noise σ on every evaluation and on the step-0 one; `--draws` noise draws per family and
 σ, fixed seeds. Per draw: the fit of the first half (steps ≤ 1500) and its 95 % band at step
 3000 against the true R(3000); the fit of the whole run and A's 95 % interval against the true A.
+Beside them, each family's Cramér–Rao bound: the least error any unbiased forecast can have from the
+same evaluations and noise, and the share of draws within ±0.02 (±0.03 for A) it would give.
 
 Real: the recorded evaluations of the default job's runs in bench/results/forecast_*steps*.json
 (3000 and 600 steps; written by bench/forecast.py), written back as run folders and forecast by
@@ -19,6 +21,7 @@ import argparse
 import datetime
 import glob
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -39,8 +42,38 @@ FAMILIES = {  # (R0, A, B, C_mid) over 3000 steps
     "slow-high (B 0.8, C_mid past half)": (0.2, 0.9, 0.8, 2500.0),
     "late bend (C_mid past the run's end)": (0.3, 0.85, 1.5, 4000.0),
 }
+KEYS = ("r0", "a", "b", "c_mid")
 STEPS = np.arange(50.0, 3001.0, 50.0)
 HALF = STEPS[STEPS <= 1500]
+
+
+def jacobian(theta: tuple[float, float, float, float], c: np.ndarray) -> np.ndarray:
+    """∂R(c)/∂(R0, A, B, C_mid), (4, len(c)), by central differences."""
+    rows = []
+    for k, v in enumerate(theta):
+        h = 1e-6 * max(1.0, abs(v))
+        lo, hi = list(theta), list(theta)
+        lo[k], hi[k] = v - h, v + h
+        rows.append((sigmoid_curve(c, **dict(zip(KEYS, hi))) - sigmoid_curve(c, **dict(zip(KEYS, lo)))) / (2 * h))
+    return np.array(rows)
+
+
+def cramer_rao_sd(theta: tuple[float, float, float, float], sigma: float, steps: np.ndarray, g: np.ndarray) -> float:
+    """The Cramér–Rao bound on the standard deviation of any unbiased estimate of a quantity whose gradient in θ
+    is g (∇θ R(3000), or e_A for A), from evaluations at `steps` and the one of R0, each with noise σ:
+    sqrt(gᵀ J⁻¹ g), J = (Σ ∇R ∇Rᵀ + e_R0 e_R0ᵀ) / σ² the Fisher information."""
+    jac = jacobian(theta, steps)
+    fisher = (jac @ jac.T + np.diag([1.0, 0.0, 0.0, 0.0])) / sigma**2
+    return float(np.sqrt(g @ np.linalg.solve(fisher, g)))
+
+
+def bounds(theta: tuple[float, float, float, float], sigma: float) -> dict:
+    """A family's Cramér–Rao figures: R(3000) from the first half, A from the whole run, and the share of draws
+    within ±0.02 / ±0.03 that an unbiased estimate at the bound (Gaussian errors) would reach: erf(tol / (sd √2))."""
+    sd_final = cramer_rao_sd(theta, sigma, HALF, jacobian(theta, np.array([3000.0]))[:, 0])
+    sd_a = cramer_rao_sd(theta, sigma, STEPS, np.array([0.0, 1.0, 0.0, 0.0]))
+    return {"crb_sd_final": sd_final, "crb_best_final_within_0.02": math.erf(0.02 / sd_final / math.sqrt(2)),
+            "crb_sd_A": sd_a, "crb_best_A_within_0.03": math.erf(0.03 / sd_a / math.sqrt(2))}
 
 
 def synthetic(sigma: float, draws: int, seed: int) -> list[dict]:
@@ -68,8 +101,9 @@ def synthetic(sigma: float, draws: int, seed: int) -> list[dict]:
             a_cover += a_lo <= a <= a_hi
         rows.append({"family": name, "R0": r0, "A": a, "B": b, "C_mid": cm, "sigma": sigma, "draws": draws,
                      "final_band_coverage": cover / draws, "final_within_0.02": near / draws,
-                     "final_median_error": statistics.median(errors), "final_median_band_width": statistics.median(widths),
-                     "A_within_0.03_whole_run": a_near / draws, "A_interval_coverage": a_cover / draws})
+                     "final_median_error": statistics.median(errors), "final_error_sd": statistics.pstdev(errors), "final_median_band_width": statistics.median(widths),
+                     "A_within_0.03_whole_run": a_near / draws, "A_interval_coverage": a_cover / draws,
+                     **bounds((r0, a, b, cm), sigma)})
     return rows
 
 
@@ -100,12 +134,19 @@ def real(tmp: Path) -> list[dict]:
 def markdown(report: dict) -> str:
     lines = [f"# Forecast calibration, {report['date']}", "", f"`{report['command']}` ({report['wall_s']:.0f} s)", "",
              "## Synthetic curves: 95 % band coverage and accuracy", "",
-             "| family | σ | draws | band covers R(3000), half-run fit | within ±0.02 | median error | median band width | "
-             "A within ±0.03, whole run | A interval covers A |", "|---|---|---|---|---|---|---|---|---|"]
+             "| family | σ | draws | band covers R(3000), half-run fit | within ±0.02 | error sd | Cramér–Rao: sd, best within ±0.02 | "
+             "median error | median band width | A within ±0.03, whole run | Cramér–Rao: sd, best within ±0.03 | A interval covers A |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["synthetic"]:
         lines.append(f"| {r['family']} | {r['sigma']:g} | {r['draws']} | {100 * r['final_band_coverage']:.1f} % | "
-                     f"{100 * r['final_within_0.02']:.0f} % | {r['final_median_error']:+.3f} | {r['final_median_band_width']:.3f} | "
-                     f"{100 * r['A_within_0.03_whole_run']:.0f} % | {100 * r['A_interval_coverage']:.1f} % |")
+                     f"{100 * r['final_within_0.02']:.0f} % | {r['final_error_sd']:.4f} | {r['crb_sd_final']:.4f}, {100 * r['crb_best_final_within_0.02']:.0f} % | "
+                     f"{r['final_median_error']:+.3f} | {r['final_median_band_width']:.3f} | "
+                     f"{100 * r['A_within_0.03_whole_run']:.0f} % | {r['crb_sd_A']:.4f}, {100 * r['crb_best_A_within_0.03']:.0f} % | "
+                     f"{100 * r['A_interval_coverage']:.1f} % |")
+    lines += ["", "Cramér–Rao: the smallest standard deviation any unbiased forecast can have from these evaluations and this "
+              "noise (sqrt(gᵀJ⁻¹g), J the Fisher information of (R0, A, B, C_mid)), and the share of draws such a forecast "
+              "would put within the tolerance with Gaussian errors. A forecast above it is biased toward these curves "
+              "(the fit's bounds on B and C_mid do that), which no estimator can be on every curve."]
     lines += ["", "## Real runs (the default job), forecast from the first half", "",
               "| runs | run | steps | predicted at end | 95 % band | mean of last 5 | error | warnings |", "|---|---|---|---|---|---|---|---|"]
     for r in report["real"]:
