@@ -9,8 +9,8 @@ the second step weights, gradients, AdamW states and one micro-batch's activatio
 - activations: bytes of the distinct storages autograd saves for backward during one micro-batch's
   forward (`torch.autograd.graph.saved_tensors_hooks`; parameters excluded);
 - backward_transient: how far the peak RSS rose during the backward that set it, over the RSS just before
-  that backward (the head's float32 gradients come before any activation is freed); 0 when no backward set
-  the peak;
+  that backward (the log-softmax's float32 gradients of the logits come before any activation is freed); 0
+  when no backward set the peak;
 - peak: the process's peak RSS (ru_maxrss) minus its RSS after imports (bitsandbytes' too, for the 8-bit
   modes: library code, not training memory), before the model is built. This also holds what the estimate
   does not model (matmul workspaces, allocator slack), and is compared with the estimated peak

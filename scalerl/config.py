@@ -285,7 +285,8 @@ class OptimConfig(_Section):
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to min_lr_ratio*lr at the last step.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
-    offload: bool = Field(False, description="Keep optimizer states on the CPU (GPU runs); a no-op on CPU.")
+    offload: bool = Field(False, description="AdamW's states and step in host memory, the device keeping weights and gradients "
+                          "(scalerl/precision/offload.py); on CPU the same numbers, nothing saved.")
 
     @field_validator("betas")
     @classmethod
@@ -758,6 +759,12 @@ class Config(_Section):
         if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
             raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
                              "weights); use parallel.strategy=ddp or dynamic")
+        if self.optim.offload and self.parallel.strategy == "fsdp2":
+            raise ValueError("optim.offload with parallel.strategy=fsdp2 is not supported yet (its parameters are shards; FSDP2's own "
+                             "CPUOffloadPolicy is not wired); use parallel.strategy=ddp or dynamic")
+        if self.optim.offload and not self._precision.fused_adamw:
+            raise ValueError(f"optim.offload steps float32 AdamW on the host: precision.mode fp32 or standard, not {self.precision.mode} "
+                             "(its 8-bit or bf16 states are already a quarter of fp32's)")
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")

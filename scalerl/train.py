@@ -4,7 +4,7 @@
 
 Each flag maps onto one config key (see `FLAG_KEYS`); `--config` and `--set` work as in
 `scalerl train`. On a machine without a CUDA GPU, flash attention falls back to sdpa and optimizer
-offload is a no-op, each with a one-line warning.
+offload saves nothing (the offloaded AdamW still runs), each with a one-line warning.
 """
 
 from __future__ import annotations

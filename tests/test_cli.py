@@ -79,14 +79,14 @@ def test_python_m_train_flags_map_to_config():
 
 
 def test_python_m_train_runs_on_cpu_with_hardware_flags_falling_back(runs):
-    """The source document's command line runs here: flash attention falls back to sdpa, offload is a
-    no-op on CPU, each with a one-line warning; gradient checkpointing really runs."""
+    """The source document's command line runs here: flash attention falls back to sdpa, offload saves nothing
+    on CPU (the offloaded AdamW runs), each with a one-line warning; gradient checkpointing really runs."""
     proc = run_cli("-m", "scalerl.train", "--use_flash_attn", "2", "--gradient_checkpointing", "1", "--offload_optimizer", "1",
                    "--adam_offload", "1", "--steps", "2", "--name", "legacy", "--set", f"log.run_dir={runs}",
                    "--set", "log.console=plain", "--set", "eval.max_tasks=8", "--set", "rollout.prompts_per_step=2")
     assert proc.returncode == 0, proc.stderr
     assert "flash_attention_2 needs a CUDA GPU; using sdpa on cpu; the run records it in" in proc.stderr
-    assert "optim.offload=true has nothing to do on CPU" in proc.stderr
+    assert "optim.offload=true saves nothing on CPU" in proc.stderr
     assert "step 2/2" in proc.stdout and "run summary" in proc.stdout
     summary = json.loads((runs / "legacy" / "summary.json").read_text())
     assert summary["steps"] == 2

@@ -90,6 +90,16 @@ def _calibrate(config_path: Optional[Path], overrides: list[str], steps: int) ->
     return Path(train(cfg)["run_dir"])
 
 
+def _print_components(mem: dict[str, float]) -> None:
+    from scalerl.predict.memory import GIB
+
+    for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy", "activations",
+                "backward_transient", "kv_cache", "optimizer_step", "reference", "critic", "peak"):
+        print(f"  {key:<18} {mem[key] / GIB:10.3f} GiB")
+    if mem["host"]:
+        print(f"  host memory        {mem['host'] / GIB:10.3f} GiB (optim.offload: AdamW's moments and the host copies it steps on)")
+
+
 def estimate(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="The run's YAML overrides (model, batch shape, precision)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one key of the run's config (repeatable)."),
@@ -111,7 +121,6 @@ def estimate(
         from scalerl.config import load_config
         from scalerl.predict.cost import efficiency_for, run_cost, throughput_from_run
         from scalerl.predict.memory import (
-            GIB,
             LEGACY_NAMES,
             MODEL_PRESETS,
             estimate_memory,
@@ -136,16 +145,14 @@ def estimate(
                               reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                               checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0,
                               lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None,
-                              ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual)
+                              ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual, offload=cfg.optim.offload)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
               f"precision {mode}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
         if cfg.model.lora.enabled:
             print(f"LoRA r={cfg.model.lora.r} on {cfg.model.lora.target_modules}: weights, gradients and optimizer are the adapters'; "
                   "the base is frozen_base; the reference is the base with the adapters off (no copy)")
-        for key in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy", "activations",
-                    "backward_transient", "kv_cache", "optimizer_step", "reference", "critic", "peak"):
-            print(f"  {key:<14} {mem[key] / GIB:10.3f} GiB")
+        _print_components(mem)
         n = gpus_needed(mem, gpu_mem_gb)
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"
               f"{' (states sharded FSDP/ZeRO-3 style)' if n and n > 1 else ''}")

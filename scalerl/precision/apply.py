@@ -107,7 +107,11 @@ def build_reference(model: torch.nn.Module, policy: PrecisionPolicy) -> torch.nn
 
 
 def build_adamw(param_groups: list[dict[str, Any]], policy: PrecisionPolicy, *, lr: float, betas: tuple[float, float],
-                eps: float, weight_decay: float, device: torch.device) -> torch.optim.Optimizer:
+                eps: float, weight_decay: float, device: torch.device, offload: bool = False) -> torch.optim.Optimizer:
+    if offload:  # float32 AdamW on the host (the config allows it only where the moments are float32)
+        from scalerl.precision.offload import HostOffloadAdamW
+
+        return HostOffloadAdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
     if policy.fused_adamw:
         return torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                  fused=device.type in {"cpu", "cuda"})
@@ -147,15 +151,16 @@ def expected_bytes(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) ->
     return state_bytes(shapes, PRECISIONS[policy.mode])
 
 
-def describe(policy: PrecisionPolicy, model: torch.nn.Module, parts: dict[str, int]) -> str:
-    """The start-up line: the mode, what computes in what, and the bytes of each component."""
+def describe(policy: PrecisionPolicy, model: torch.nn.Module, parts: dict[str, int], *, offload: bool = False) -> str:
+    """The start-up line: the mode, what computes in what, and the bytes of each component (`offload`: the
+    moments are in host memory)."""
     fp8_layers = sum("Float8" in type(m).__name__ for m in model.modules())
     compute = {"fp32": "fp32", "standard": "bf16 autocast", "aggressive": f"fp8 {policy.fp8} ({fp8_layers} linear layers), bf16",
                "compressed": "bf16"}[policy.mode]
     mib = {k: f"{v / 2**20:.2f} MiB" for k, v in parts.items()}
     text = (f"precision {policy.mode}: compute {compute}, LM head {'fp32' if policy.fp32_lm_head else 'in the compute dtype'}; "
             f"weights {mib['weights']} {policy.weights_dtype}, gradients {mib['gradients']}, AdamW moments {mib['optimizer']} "
-            f"{policy.moments}")
+            f"{policy.moments}{' in host memory (optim.offload)' if offload else ''}")
     frozen = tensor_bytes({p.data_ptr(): p for p in model.parameters() if not p.requires_grad}.values())
     if frozen:  # LoRA: the base weights, which the adapters train around (and the reference runs without them)
         text += f"; frozen base weights {frozen / 2**20:.2f} MiB (LoRA: the weights, gradients and moments above are the adapters')"

@@ -38,9 +38,9 @@ at the final norm and an fp32 KV cache: the 2026-12-04 measurement, `fp32_residu
 KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes, tokens = the rollout batch
 (prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
 at a time in float32, with up to four float32 temporaries of the largest tensor (`optimizer_step`).
-The backward's first nodes, the log-softmax's and the LM head's, add float32 gradients of the logits or of
-the head weight before they free any activation (`backward_transient`). Rollout, the backward and the optimizer step come one
-after the other, so the peak is
+The backward's first nodes allocate beyond the activations before freeing them: 4 × the float32 completion
+logits in the log-softmax's backward, or the head weight's float32 gradient (`backward_transient`). Rollout,
+the backward and the optimizer step come one after the other, so the peak is
     states + max(activations + backward transient, KV cache, optimizer step),
     states = weights + grads + optimizer + error feedback + working copy (+ reference) (+ critic)
 """
@@ -214,11 +214,13 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
                     entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False,
-                    fp32_residual: bool = False) -> dict[str, float]:
+                    fp32_residual: bool = False, offload: bool = False) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
     `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
     the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off).
-    `ewc`: EWC's anchor copy of the trained weights (their width) and its float32 Fisher, on every rank."""
+    `ewc`: EWC's anchor copy of the trained weights (their width) and its float32 Fisher, on every rank.
+    `offload` (optim.offload): the moments leave the device; `host` counts them with the pinned float32 copies
+    of the weights and gradients the host steps on."""
     precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -250,6 +252,11 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
                                                          head_grad=not lora, bf16_weights=p.weights < 4)
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
     out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
+    if offload:
+        trained_n = sum(math.prod(t) for t in trained)
+        out["host"], out["optimizer"] = out["optimizer"] + 8.0 * trained_n, 0.0
+    else:
+        out["host"] = 0.0
     out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy",
                                          "reference", "critic"))
     out["peak"] = out["states"] + max(out["activations"] + out["backward_transient"], out["kv_cache"], out["optimizer_step"])
@@ -260,11 +267,12 @@ def backward_transient_bytes(shape: ModelShape, *, micro_batch: int, completion_
                              bf16_weights: bool) -> float:
     """What the backward allocates on top of the forward's activations, at its start, before it frees them:
     the log-softmax's backward (logprob = z_y − logsumexp(z)) holds the gather's gradient of the float32 logits
-    and the three logits-sized temporaries of grad·exp(z − lse) at once, 4 × the logits' bytes (profiled with
-    torch.profiler; bench/memory_estimate.py measures it as peak RSS in the backward over RSS before it, on two
-    shapes; the entropy term doubles the logits, not measured). Then the head's matmul: its weight's float32
-    gradient (4·V·h; for bf16 weights also its bf16 cast) while the logits' own saved copy has been freed. Which
-    is larger depends on tokens per micro-batch against the hidden size."""
+    and the three logits-sized temporaries of grad·exp(z − lse) at once, 4 × the logits' bytes (seen op by op
+    with torch.profiler; the entropy term doubles the logits, not measured). Then the head's matmul: its
+    weight's float32 gradient (4·V·h; for bf16 weights also its bf16 cast) while the logits' own saved copy has
+    been freed. Which is larger depends on tokens per micro-batch against the hidden size. Checked against
+    what the backward allocates (tests/predict/test_memory.py, within 10 %, both cases) and against peak RSS
+    (bench/memory_estimate.py)."""
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)
     head = 4.0 * shape.vocab * shape.hidden * (1.5 if bf16_weights else 1.0) if head_grad else 0.0
     return max(4.0 * logits, head)

@@ -163,7 +163,7 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
                             sinks=build_sinks(config, run_dir))
               if ctx.is_main else NullLogger())
     console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start_step)
-    console.print(describe(learner.precision, learner.policy, learner.component_bytes(expected=True)))
+    console.print(describe(learner.precision, learner.policy, learner.component_bytes(expected=True), offload=config.optim.offload))
     if ctx.active:
         console.print(learner.parallel.describe())
     if resume:

@@ -14,10 +14,11 @@ from scalerl.precision.apply import build_adamw
 def build_optimizer(groups: list[tuple[torch.nn.Module, float]], config: OptimConfig, precision: PrecisionPolicy,
                     device: torch.device) -> torch.optim.Optimizer:
     """AdamW over (module, lr) groups (the policy, and a critic with its own lr): torch's fused kernel for
-    float32 weights and moments, the precision mode's CompactAdamW otherwise (scalerl/precision/adamw.py)."""
+    float32 weights and moments, the precision mode's CompactAdamW otherwise (scalerl/precision/adamw.py); with
+    `offload`, the fused kernel on host copies (scalerl/precision/offload.py)."""
     param_groups = [{"params": [p for p in module.parameters() if p.requires_grad], "lr": lr} for module, lr in groups]
     return build_adamw(param_groups, precision, lr=config.lr, betas=config.betas, eps=config.eps,
-                       weight_decay=config.weight_decay, device=device)
+                       weight_decay=config.weight_decay, device=device, offload=config.offload)
 
 
 def lr_factor(step: int, total: int, config: OptimConfig) -> float:

@@ -49,9 +49,8 @@ def seed_everything(seed: int) -> None:
 
 def check_offload(config: Config, device: torch.device) -> None:
     if config.optim.offload and device.type == "cpu":
-        log.warning("optim.offload=true has nothing to do on CPU: optimizer states already live in host memory")
-    elif config.optim.offload:
-        raise ScaleRLError("optim.offload=true on GPU is not available yet (planned with the memory-modes work); set it to false")
+        log.warning("optim.offload=true saves nothing on CPU (optimizer states live in host memory either way); the offloaded "
+                    "AdamW runs all the same, with one copy of the weights and gradients per update")
 
 
 def check_run_dir(config: Config, resume: bool, overwrite: bool = False) -> Path:

@@ -52,8 +52,8 @@ def test_estimate_7b():
     # of all but the embedding and the head (32000 × 4096 each) and the 65 norms (× 4096) × 2 B = 12.06 GiB;
     # efficiency 0.85 for 7B
     n, embed = 6_738_415_616, 32000 * 4096
-    assert f"weights        {n * 4 / 2**30:10.3f} GiB" in out.stdout
-    assert f"working_copy   {(n - 2 * embed - 65 * 4096) * 2 / 2**30:10.3f} GiB" in out.stdout
+    assert f"weights            {n * 4 / 2**30:10.3f} GiB" in out.stdout
+    assert f"working_copy       {(n - 2 * embed - 65 * 4096) * 2 / 2**30:10.3f} GiB" in out.stdout
     assert "precision standard" in out.stdout and "efficiency 0.85" in out.stdout
     bad = run_cli("-m", "scalerl.cli.main", "estimate", "--model-size", "5b")
     assert bad.returncode == 2 and "--model-size" in bad.stderr

@@ -40,6 +40,11 @@ def test_components_small_shape():
     wc = estimate_memory(wide, precision="compressed", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
     assert wc["backward_transient"] == 10 * 64 * 6  # bf16 weights: and its bf16 cast
     assert m["error_feedback"] == m["working_copy"] == 0
+    # optim.offload: the 8 bytes of moments per parameter leave the device; the host holds them and its float32
+    # copies of the weights and gradients
+    off = estimate_memory(s, precision="fp32", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4, reference=True,
+                          offload=True)
+    assert off["optimizer"] == 0 and off["host"] == 1352 * 16 and off["peak"] == m["peak"] - 1352 * 8 and m["host"] == 0
     m8 = estimate_memory(s, precision="standard", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
     # 8-bit moments: 2 bytes per value plus two float32 scales per 256-value block of each tensor; the tensors
     # (embed 80, per layer 64 + 32 + 32 + 64 + 128·3 + 8 + 8, final norm 8, head 80) hold at most 256 values

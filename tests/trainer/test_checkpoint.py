@@ -48,12 +48,14 @@ VARIANTS = {
     # the SFT anchor's draws and EWC's anchors and Fisher (in the DCP shards) carry over too
     # fp16 compute: the loss scale and its count of clean updates (LearnerState) carry over
     "fp16": {"precision.mode": "standard", "precision.compute": "fp16"},
+    # optim.offload: AdamW's host-side states go through DCP's optimizer state dict as a plain AdamW's
+    "offload": {"optim.offload": True},
     "forgetting": {"forgetting.data": str(ROOT / "tests" / "trainer" / "data" / "addition_anchor.jsonl"), "forgetting.ewc": True,
                    "forgetting.ewc_lambda": 10.0},
 }
 WEIGHT_FILES = {"grpo": ["model.safetensors"], "ppo": ["model.safetensors", "critic.safetensors"], "scalerl-adaptive": ["model.safetensors"],
                 "lora": ["adapter_model.safetensors"], "forgetting": ["model.safetensors"],
-                "replay": ["model.safetensors"], "fp16": ["model.safetensors"]}
+                "replay": ["model.safetensors"], "fp16": ["model.safetensors"], "offload": ["model.safetensors"]}
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
