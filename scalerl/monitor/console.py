@@ -86,7 +86,8 @@ class RunConsole:
                                                      if rule != "phase_verdict") or "none"))
         if summary.get("time_estimate_rel_error") is not None:
             est, upper = summary["time_estimate_at_10pct_s"], summary["time_upper_at_10pct_s"]
-            cap = f"; at most {upper:.1f} s had completions grown to max_new_tokens" if upper is not None and upper > est else ""
+            cap = (f"; {upper:.1f} s had completions grown to max_new_tokens at the costs measured by then"
+                   if upper is not None and upper > est else "")
             rows.append(("time estimate at 10 %", f"{est:.1f} s ({100 * summary['time_estimate_rel_error']:+.1f} % of the actual{cap})"))
         rows.append(("run directory", summary["run_dir"]))
         for key, value in rows:

@@ -19,7 +19,10 @@ ties corrected; else the recent mean), and clipped between one token per complet
 the cap) moves neither, where a least-squares line through it would be carried over every step
 left. So a run whose completions grow is priced at the lengths it is heading for, not at the short
 ones it began with, and a run whose completions are steady is priced flat. `upper` prices every future step at full
-length: the most the run can take if completions grow to their cap.
+length at the per-position costs measured so far: what the run takes if completions grow to their cap
+and cost per position stays. Not a bound: a position of a longer sequence can cost more (the built-in
+model's training forward and backward take 23 µs per position at 4-token completions and 42 µs at 48,
+batches of 128; on the late_jump benchmark run the figure at 10 % was 79 s against 141 s actual).
 
 With too little spread in a step's positions to separate a fixed part from a per-token one (less
 than 2 %), the cost is taken as proportional to the positions (a = 0); a negative fitted part is
