@@ -764,7 +764,7 @@ class Config(_Section):
                              "CPUOffloadPolicy is not wired); use parallel.strategy=ddp or dynamic")
         if self.optim.offload and not self._precision.fused_adamw:
             raise ValueError(f"optim.offload steps float32 AdamW on the host: precision.mode fp32 or standard, not {self.precision.mode} "
-                             "(its 8-bit or bf16 states are already a quarter of fp32's)")
+                             "(its 8-bit or bf16 moments are already a quarter or half of fp32's)")
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")

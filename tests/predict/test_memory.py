@@ -87,6 +87,20 @@ def test_bad_precision():
         estimate_memory(MODEL_PRESETS["7b"], precision="int4", micro_batch=1, prompt_len=1, completion_len=1, rollout_sequences=1)
 
 
+def _random_batch(vocab: int, micro: int, prompt: int, completion: int):
+    """`micro` rows of random prompt and completion tokens, no padding, each row its own group."""
+    import torch
+
+    from scalerl.types import Rollout
+
+    g = torch.Generator().manual_seed(1)
+    ones = lambda n: torch.ones(micro, n, dtype=torch.long)  # noqa: E731
+    return Rollout(prompt_ids=torch.randint(3, vocab, (micro, prompt), generator=g), prompt_mask=ones(prompt),
+                   completion_ids=torch.randint(3, vocab, (micro, completion), generator=g), completion_mask=ones(completion),
+                   sampler_logprobs=torch.zeros(micro, completion), group_ids=torch.arange(micro),
+                   truncated=torch.zeros(micro, dtype=torch.bool))
+
+
 @pytest.mark.parametrize("mode, fp32_residual", [("fp32", False), ("standard", False), ("standard", True), ("compressed", False)])
 def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_residual):
     """Each mode's forward, as the learner runs it (weights dtype, bf16 autocast, FP32 head), against the
@@ -100,7 +114,6 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_resid
     from scalerl.models.logprobs import completion_forward
     from scalerl.plan import precision_policy
     from scalerl.precision.apply import prepare_policy, weights_dtype
-    from scalerl.types import Rollout
 
     h, i, layers, heads, kv, vocab, micro, prompt, completion = 64, 192, 2, 4, 2, 50, 4, 12, 6
     torch.manual_seed(0)
@@ -123,12 +136,7 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_resid
             (copies if copy else saved)[ptr] = nbytes
         return t
 
-    g = torch.Generator().manual_seed(1)
-    ones = lambda n: torch.ones(micro, n, dtype=torch.long)  # noqa: E731
-    batch = Rollout(prompt_ids=torch.randint(3, vocab, (micro, prompt), generator=g), prompt_mask=ones(prompt),
-                    completion_ids=torch.randint(3, vocab, (micro, completion), generator=g), completion_mask=ones(completion),
-                    sampler_logprobs=torch.zeros(micro, completion), group_ids=torch.arange(micro),
-                    truncated=torch.zeros(micro, dtype=torch.bool))
+    batch = _random_batch(vocab, micro, prompt, completion)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if policy.autocast_dtype else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
         completion_forward(model, batch, fp32_head=policy.fp32_lm_head)
@@ -156,7 +164,6 @@ def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hid
     from scalerl.models.logprobs import completion_forward
     from scalerl.plan import precision_policy
     from scalerl.precision.apply import weights_dtype
-    from scalerl.types import Rollout
 
     prompt = 6
     torch.manual_seed(0)
@@ -164,12 +171,7 @@ def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hid
                       vocab_size=vocab, tie_word_embeddings=False, attn_implementation="sdpa")
     policy = precision_policy(mode)
     model = LlamaForCausalLM(cfg).to(weights_dtype(policy)).train()
-    g = torch.Generator().manual_seed(1)
-    ones = lambda n: torch.ones(micro, n, dtype=torch.long)  # noqa: E731
-    batch = Rollout(prompt_ids=torch.randint(3, vocab, (micro, prompt), generator=g), prompt_mask=ones(prompt),
-                    completion_ids=torch.randint(3, vocab, (micro, completion), generator=g), completion_mask=ones(completion),
-                    sampler_logprobs=torch.zeros(micro, completion), group_ids=torch.arange(micro),
-                    truncated=torch.zeros(micro, dtype=torch.bool))
+    batch = _random_batch(vocab, micro, prompt, completion)
     for p in model.parameters():  # a second micro-batch's backward: the gradients exist already
         p.grad = torch.zeros_like(p)
     loss = -(completion_forward(model, batch, fp32_head=policy.fp32_lm_head).logprobs.float() * torch.randn(micro, 1)).mean()
