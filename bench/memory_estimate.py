@@ -16,12 +16,12 @@ the second step weights, gradients, AdamW states and one micro-batch's activatio
   does not model (matmul workspaces, allocator slack), and is compared with the estimated peak
   W + G + O + C + max(A + T, optimizer step).
 
-Each precision mode (`--modes`, default fp32 standard compressed) runs as the trainer runs it: the
-mode's weight dtype, its AdamW (`scalerl.precision.apply.build_adamw`: fused fp32, or 8-bit moments with
-error feedback), bf16 autocast with the FP32 LM head, the mode's `prepare_policy` (standard's bf16 residual
-stream); `optimizer` then includes the error feedback.
+Each precision mode (`--modes`, default fp32 standard compressed; aggressive on its simulated-fp8 path) runs
+as the trainer runs it: the mode's weight dtype, its AdamW (`scalerl.precision.apply.build_adamw`: fused fp32,
+bf16 or 8-bit moments with error feedback), bf16 autocast with the FP32 LM head, the mode's `prepare_policy`
+(standard's bf16 residual stream, aggressive's fp8 linear layers); `optimizer` then includes the error feedback.
 
-    python bench/memory_estimate.py --save
+    python bench/memory_estimate.py --modes fp32 standard compressed aggressive --save
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def measure(name: str, mode: str) -> dict:
     torch.manual_seed(0)
     cfg = LlamaConfig(**CONFIGS[name], head_dim=CONFIGS[name]["hidden_size"] // CONFIGS[name]["num_attention_heads"],
                       max_position_embeddings=256, tie_word_embeddings=False, attn_implementation="sdpa")
-    policy = precision_policy(mode)
+    policy = precision_policy(mode, fp8="simulated")  # aggressive: its fp8 numerics and storage on CPU
     model = LlamaForCausalLM(cfg).to(weights_dtype(policy)).train()
     prepare_policy(model, policy, torch.device("cpu"))  # standard: the residual stream in bf16, as in training
     opt = build_adamw([{"params": list(model.parameters())}], policy, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,

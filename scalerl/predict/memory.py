@@ -15,7 +15,9 @@ tensor, as the trainer holds them (tests/precision compare them with a real lear
 With bf16 weights the FP32 LM head's float32 copy of the head weight (4·V·h) is held for its backward
 (`working_copy`).
 Aggressive's fp8 matmuls keep their saved inputs in fp8 but the rest of a layer's saved tensors in
-bf16: 2 bytes per element is the upper bound used.
+bf16: 2 bytes per element is used. On the simulated-fp8 path (CPU) that is 8–13 % under what autograd
+saves there, since the fp8 copies of the linear layers' inputs come beside bf16 tensors other ops keep
+(bench/memory_estimate.py, 2026-12-06; the peak within −5.6 / −8.8 %); torchao's path is not measured.
 
 Activations (saved for backward, per micro-batch): tokens × layers × per-layer elements × bytes, where
 the per-layer elements per token of a Llama decoder layer with SDPA attention are counted tensor by
