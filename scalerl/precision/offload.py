@@ -25,7 +25,7 @@ HYPER = ("lr", "betas", "eps", "weight_decay")
 class HostOffloadAdamW(torch.optim.Optimizer):
     """torch.optim.AdamW(fused=True) over host copies of the parameters; `param_groups` hold the device's own
     parameters (the learner clips and sets each update's lr on them), `state` is the host optimizer's, keyed by
-    the device parameters, and `state_dict` is a plain AdamW's (a run may resume with or without offload)."""
+    the device parameters, and `state_dict` is a plain AdamW's (either loads the other's: tests/precision/test_offload.py)."""
 
     def __init__(self, param_groups: list[dict[str, Any]], *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float):
