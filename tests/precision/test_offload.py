@@ -85,18 +85,22 @@ def test_state_dicts_move_between_offloaded_and_plain_adamw():
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
 
 
-def test_a_run_with_offload_learns_what_one_without_does(runs):
-    """The trainer end to end (GRPO, a KL reference, clipping, a schedule): `optim.offload=true` on CPU gives the
-    same metrics and weights as the default, and warns once that it saves nothing here."""
+def test_a_run_with_offload_learns_what_one_without_does(runs, monkeypatch, caplog):
+    """The trainer end to end (GRPO, a KL reference, clipping, a schedule): `optim.offload=true` on CPU steps
+    through HostOffloadAdamW (one step per update, counted), gives the same metrics and weights as the default,
+    and warns that it saves nothing here."""
+    steps, real_step = [], HostOffloadAdamW.step
+    monkeypatch.setattr(HostOffloadAdamW, "step", lambda self, *a, **k: steps.append(1) or real_step(self, *a, **k))
     extra = {"train.steps": 3, "algorithm.kl.beta": 0.05, "optim.schedule": "linear", "optim.warmup_steps": 1, "checkpoint.save_final": True}
     loop.train(load_config(overrides=tiny_overrides(runs, "plain", **extra)))
+    assert steps == []
     loop.train(load_config(overrides=tiny_overrides(runs, "offload", **extra, **{"optim.offload": True})))
+    assert len(steps) == 3 and "optim.offload=true saves nothing on CPU" in caplog.text
     untimed = [[{k: v for k, v in row.items() if "time" not in k and k != "tokens_per_s"} for row in read_metrics(runs / name)]
                for name in ("plain", "offload")]
     assert untimed[0] == untimed[1] and len(untimed[0]) == 3
     final = [(runs / name / "checkpoints" / "step_0000003" / "model.safetensors").read_bytes() for name in ("plain", "offload")]
     assert final[0] == final[1]
-
 
 @pytest.mark.parametrize("overrides, says", [({"parallel.strategy": "fsdp2"}, "parallel.strategy=fsdp2"),
                                              ({"precision.mode": "compressed"}, "precision.mode fp32 or standard")])
