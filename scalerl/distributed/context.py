@@ -7,6 +7,7 @@ the identity, so the training loop never branches on whether it is distributed. 
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -96,8 +97,19 @@ def init_distributed(device_preference: str = "auto") -> DistContext:
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", **_restart_store(rank, world_size))
+        start_process_group("nccl" if device.type == "cuda" else "gloo", **_restart_store(rank, world_size))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def start_process_group(backend: str, **options) -> None:
+    """`dist.init_process_group`, after importing the modules that bind `dist.group.WORLD` as a default argument at
+    import: torch.distributed.fsdp (its ShardedGradScaler; transformers' models import the package when a model is
+    first loaded) and torch.distributed.nn.functional, which it imports. Imported after, they hold the group past
+    destroy_process_group, and with it gloo's worker threads until interpreter exit, where one still releasing a
+    finished collective's tensor aborts the process ("terminate called without an active exception")."""
+    import torch.distributed.fsdp  # noqa: F401
+
+    dist.init_process_group(backend, **options)
 
 
 def _restart_store(rank: int, world_size: int) -> dict:
@@ -112,5 +124,9 @@ def _restart_store(rank: int, world_size: int) -> dict:
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Destroy the process group, so that gloo's worker threads end now and not at interpreter exit (see
+    `start_process_group`). Call it once the roles are dropped: a model wrapped by FSDP2 sits in reference
+    cycles that hold the group until the garbage collector runs, so it runs first."""
     if ctx.active and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

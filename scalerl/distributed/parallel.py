@@ -35,6 +35,7 @@ groups for dynamic.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -73,6 +74,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
+@dataclass
+class BytesSent:
+    """Gradient payload reduced since the last `end_of_step`. It is the DDP comm hook's state, apart from the
+    strategy: DDP's C++ reducer holds that state, so a state leading back to the DDP module (as the strategy does)
+    makes a cycle the garbage collector cannot see, and the module would keep the process group (Strategy.close)."""
+
+    bytes: int = 0
+
+
 class Strategy:
     """`none`: the plain modules; at world size > 1 a flat all-reduce sums the gradients."""
 
@@ -81,7 +91,7 @@ class Strategy:
     def __init__(self, ctx: DistContext, precision: PrecisionPolicy):
         self.ctx, self.precision = ctx, precision
         self._roots: list[nn.Module] = []  # the modules whose gradients this strategy syncs
-        self._step_bytes = 0  # payload reduced since the last end_of_step
+        self._sent = BytesSent()  # payload reduced since the last end_of_step
 
     def _trainable(self) -> list[torch.Tensor]:
         return [p for root in self._roots for p in root.parameters() if p.requires_grad]
@@ -106,13 +116,13 @@ class Strategy:
 
     def _count_gradients(self) -> None:
         if self.ctx.active:  # one reduction of every gradient per update (its payload, not the bytes on the wire)
-            self._step_bytes += sum(p.numel() * p.element_size() for p in self._trainable())
+            self._sent.bytes += sum(p.numel() * p.element_size() for p in self._trainable())
 
     def end_of_step(self, step: int, full: bool, optimizer: torch.optim.Optimizer, moments: bool = False) -> dict[str, float]:
         """After a step's updates; `full`: the replicas' weights must agree now (first and last step, before
         an evaluation or a checkpoint), `moments`: their optimizer states too (before a checkpoint).
         Returns the step's communication metrics (`comm/bytes`)."""
-        sent, self._step_bytes = self._step_bytes, 0
+        sent, self._sent.bytes = self._sent.bytes, 0
         return {"comm/bytes": float(sent)} if self.ctx.active else {}
 
     def synchronize(self, optimizer: torch.optim.Optimizer) -> None:
@@ -133,12 +143,18 @@ class Strategy:
     def describe(self) -> str:
         return f"parallel: {self.name}, world size {self.ctx.world_size}"
 
+    def close(self) -> None:
+        """After training, before destroy_process_group: drop every reference this strategy made to the process
+        group. A group that outlives destroy_process_group keeps gloo's worker threads until interpreter exit,
+        where one still releasing a finished collective's tensor aborts the process ("terminate called without
+        an active exception"). Nothing to drop here; see BytesSent (DDP) and FSDP2Strategy.close."""
 
-def _sum_buckets(strategy, bucket):  # no annotations: DDP checks them, and this module's are strings
+
+def _sum_buckets(sent, bucket):  # no annotations: DDP checks them, and this module's are strings
     """DDP comm hook: all-reduce each gradient bucket (a dist.GradBucket) with SUM (DDP's own default
-    divides by the world size), counting its bytes on `strategy`. Returns the reduced buffer's future."""
+    divides by the world size), counting its bytes in `sent` (a BytesSent). Returns the reduced buffer's future."""
     buffer = bucket.buffer()
-    strategy._step_bytes += buffer.numel() * buffer.element_size()
+    sent.bytes += buffer.numel() * buffer.element_size()
     return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
@@ -154,7 +170,7 @@ class DDPStrategy(Strategy):
             return module
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
-        ddp.register_comm_hook(self, _sum_buckets)
+        ddp.register_comm_hook(self._sent, _sum_buckets)
         self._ddp.append(ddp)
         return ddp
 
@@ -223,6 +239,12 @@ class FSDP2Strategy(Strategy):
         finally:
             for module in self._fsdp:
                 module.set_requires_gradient_sync(True)
+
+    def close(self) -> None:
+        """DTensor's sharding and topology caches keep this mesh for the life of the process, and the mesh keeps the
+        process group (its `_pg_registry`, read only under torch.compile; torch resolves groups by name otherwise):
+        emptying that registry lets the group go when destroy_process_group drops it."""
+        getattr(self.mesh, "_pg_registry", {}).clear()
 
     def finish_gradients(self) -> None:
         self._count_gradients()  # reduce-scatter ran in the last backward; each rank holds its shard of the summed gradient

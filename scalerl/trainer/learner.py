@@ -104,6 +104,10 @@ class Learner:
     def version(self) -> int:
         return self.state.version
 
+    def close(self) -> None:
+        """Done learning: the strategy lets go of the process group (see Strategy.close)."""
+        self.parallel.close()
+
     def autocast(self):
         return autocast_context(self.precision, self.ctx.device)
 

@@ -148,14 +148,18 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
            producer: ProducerProcess | None = None) -> dict[str, Any]:
     rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer)
     try:
-        warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
-        state = restore(rollout, learner, run_dir, warn) if resume else {"step": 0}
-    except BaseException:
+        return _run(config, ctx, rollout, learner, run_dir, resume, stop)
+    finally:
         rollout.close()
-        raise
+        learner.close()  # before destroy_process_group: nothing of the learner's may keep the group alive
+
+
+def _run(config: Config, ctx: DistContext, rollout: RolloutWorker, learner: Learner, run_dir: Path, resume: bool,
+         stop: GracefulStop) -> dict[str, Any]:
+    warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
+    state = restore(rollout, learner, run_dir, warn) if resume else {"step": 0}
     start_step = state["step"]
     if resume and start_step >= config.train.steps:  # finished: its summary stays as it was
-        rollout.close()
         return finished_summary(run_dir, start_step, ctx)
     if resume and ctx.is_main:
         record_resumed_config(config, run_dir, start_step)
@@ -184,7 +188,6 @@ def _train(config: Config, ctx: DistContext, resume: bool, overwrite: bool, stop
         times = _steps(config, rollout, learner, run_dir, state, health, eta, logger, console, wall_start, stop)
         phase = health.finish(config.train.steps)
     finally:
-        rollout.close()
         health.close()
         console.close()
         logger.close()

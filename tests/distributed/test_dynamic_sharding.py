@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from conftest import tiny_overrides
 from ranks import free_port, global_batch, scored
 from scalerl.config import DEFAULT_PARAM_GROUPS, ParamGroupConfig
-from scalerl.distributed.context import DistContext
+from scalerl.distributed.context import DistContext, shutdown, start_process_group
 from scalerl.distributed.dynamic_sharding import resolve_groups
 
 
@@ -54,11 +54,12 @@ def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     from scalerl.trainer.setup import build_learner
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    start_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)
     config = load_config(overrides=tiny_overrides(runs, "dyn", **{"rollout.prompts_per_step": 2, "parallel.strategy": "dynamic",
                                                                   "parallel.param_groups": GROUPS, "optim.lr": 1e-2}))
-    learner = build_learner(config, DistContext(rank=rank, world_size=2), load_model(config.model, torch.device("cpu")))
+    ctx = DistContext(rank=rank, world_size=2)
+    learner = build_learner(config, ctx, load_model(config.model, torch.device("cpu")))
     params = dict(learner.policy.named_parameters())
     log = []
     for step in range(1, STEPS + 1):
@@ -73,7 +74,8 @@ def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     if rank == 0:
         torch.save(everyone, out)
     dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
-    dist.destroy_process_group()
+    learner.close()
+    shutdown(ctx)
 
 
 def test_two_ranks_average_each_group_at_its_interval(tmp_path):

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from conftest import ROOT, tiny_overrides
 from ranks import free_port, global_batch, scored
-from scalerl.distributed.context import DistContext
+from scalerl.distributed.context import DistContext, shutdown, start_process_group
 
 
 # 4 prompts x 4 completions in all. Two ranks take 2 prompts each and learn in mini-batches of one
@@ -48,7 +48,9 @@ def _learn(ctx, runs, overrides, batch):
     learner.optimizer.step = recording_step
     metrics = learner.learn(batch, 1)
     metrics.update(learner.parallel.end_of_step(1, True, learner.optimizer))
-    return applied, [p.detach().clone() for p in params], metrics
+    weights = [p.detach().clone() for p in params]
+    learner.close()
+    return applied, weights, metrics
 
 
 def _full(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -62,14 +64,14 @@ ALGORITHMS = {"grpo": {"algorithm.scale_rewards": "batch"}, "ppo": {"algorithm.n
 
 def _worker(rank: int, port: int, runs, path: str, out: str, strategy: str, algo: dict) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    start_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     ctx = DistContext(rank=rank, world_size=2)
     grads, weights, metrics = _learn(ctx, runs, {**RANK, **algo, "parallel.strategy": strategy}, scored(path, [2 * rank, 2 * rank + 1]))
     result = [_full(g) for g in grads], _full(weights), metrics
     if rank == 0:
         torch.save(result, out)
     dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
-    dist.destroy_process_group()
+    shutdown(ctx)
 
 
 @pytest.mark.parametrize("strategy, algo", [("ddp", "grpo"), ("fsdp2", "grpo"), ("none", "grpo"), ("ddp", "ppo"), ("fsdp2", "ppo")])

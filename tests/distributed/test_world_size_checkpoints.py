@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from conftest import tiny_overrides
 from ranks import free_port, global_batch, scored
-from scalerl.distributed.context import DistContext
+from scalerl.distributed.context import DistContext, shutdown, start_process_group
 
 KL = {"algorithm.kl.beta": 0.05}  # a reference model too, sharded like the policy
 
@@ -55,8 +55,9 @@ def _load(learner, folder):
 
 def _ranks(rank: int, port: int, runs, batch: str, folder, out: str, mode: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    learner = _learner(DistContext(rank=rank, world_size=2), runs, "fsdp2")
+    start_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    ctx = DistContext(rank=rank, world_size=2)
+    learner = _learner(ctx, runs, "fsdp2")
     if mode == "save":  # learn one batch (moments exist), save
         learner.learn(scored(batch, [2 * rank, 2 * rank + 1]), 1)
         _save(learner, folder, 1)
@@ -66,7 +67,8 @@ def _ranks(rank: int, port: int, runs, batch: str, folder, out: str, mode: str) 
     if rank == 0:
         torch.save(state, out)
     dist.barrier()  # no rank leaves while another still talks to it (gloo aborts on a closed peer)
-    dist.destroy_process_group()
+    learner.close()
+    shutdown(ctx)
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
