@@ -169,7 +169,8 @@ class DDPStrategy(Strategy):
         if not trainable or not self.ctx.active:
             return module
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
+        # buffers (rotary frequencies) are the same on every rank: no sync each forward (rank 0's copied once at init)
+        ddp = nn.parallel.DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
         ddp.register_comm_hook(self._sent, _sum_buckets)
         self._ddp.append(ddp)
         return ddp
