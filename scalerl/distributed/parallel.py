@@ -144,10 +144,9 @@ class Strategy:
         return f"parallel: {self.name}, world size {self.ctx.world_size}"
 
     def close(self) -> None:
-        """After training, before destroy_process_group: drop every reference this strategy made to the process
-        group. A group that outlives destroy_process_group keeps gloo's worker threads until interpreter exit,
-        where one still releasing a finished collective's tensor aborts the process ("terminate called without
-        an active exception"). Nothing to drop here; see BytesSent (DDP) and FSDP2Strategy.close."""
+        """After training, before `shutdown`: drop every reference this strategy made to the process group (why:
+        scalerl/distributed/context.py's start_process_group). Nothing to drop here; see BytesSent (DDP) and
+        FSDP2Strategy.close."""
 
 
 def _sum_buckets(sent, bucket):  # no annotations: DDP checks them, and this module's are strings

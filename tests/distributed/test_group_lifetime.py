@@ -2,11 +2,12 @@
 
 A group that outlives destroy_process_group keeps gloo's worker threads until the interpreter finalizes, and a
 worker still releasing a finished collective's tensor then needs the GIL it can no longer take: the process
-aborts ("terminate called without an active exception") after its work is done. Before the fix that was 2 and 3
-of 40 runs of `python scripts/torchrun_exit_stress.py --runs 40 --busy`, and once the torchrun test in CI. What
-held the group: DDP's comm-hook state (the strategy, which leads back to the DDP module through C++), FSDP2's mesh
-(kept by DTensor's caches), reference cycles through FSDP2's state, and `dist.group.WORLD` bound as a default
-argument by a module imported after the group started. The workers look for gloo's threads in /proc.
+aborts ("terminate called without an active exception") after its work is done. Before the fix 2 and 3 of 40
+runs of `python scripts/torchrun_exit_stress.py --runs 40 --busy` failed (the 3 inspected: this abort), and once
+the torchrun test in CI. What held the group: DDP's comm-hook state (the strategy, which leads back to the DDP
+module through C++), FSDP2's mesh (kept by DTensor's caches), reference cycles through FSDP2's state, and
+`dist.group.WORLD` bound as a default argument by a module imported after the group started. The workers look for
+gloo's threads in /proc.
 """
 
 from __future__ import annotations
