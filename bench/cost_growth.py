@@ -61,7 +61,7 @@ def step_time(model: Path, prompts: int, steps: int, runs: str) -> tuple[float, 
     times, positions, parts = [], [], []
     for step in range(1, steps + 2):
         start = time.perf_counter()
-        metrics = loop.train_step(rollout, learner, step)
+        metrics = loop.train_step(rollout, learner, step, learner.ctx)[1]
         times.append(time.perf_counter() - start)
         positions.append(metrics["trained_positions"])
         parts.append((metrics["time/rollout_s"], metrics["time/learn_s"]))

@@ -53,8 +53,8 @@ def accuracy(run: Path, env_args: dict) -> float:
 
     from scalerl.envs.registry import build_env
     from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.evaluation import task_scores
-    from scalerl.trainer.export import resolve_checkpoint
+    from scalerl.rollout.evaluation import task_scores
+    from scalerl.jobs.export import resolve_checkpoint
     from scalerl.types import SamplingParams
 
     folder = resolve_checkpoint(run)

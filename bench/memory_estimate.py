@@ -53,7 +53,7 @@ def measure(name: str, mode: str) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scalerl.models.logprobs import completion_forward
-    from scalerl.plan import precision_policy
+    from scalerl.config.plan import precision_policy
     from scalerl.precision.adamw import _bnb_functional
     from scalerl.precision.apply import build_adamw, component_bytes, prepare_policy, weights_dtype
     from scalerl.types import Rollout

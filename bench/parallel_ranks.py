@@ -52,7 +52,7 @@ def rank_main(rank: int, world: int, port: int, strategy: str, folder: str, step
     from scalerl.distributed.context import DistContext
     from scalerl.models.loading import load_model
     from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.setup import build_learner
+    from scalerl.learner.build import build_learner
     from scalerl.types import SamplingParams, ScoredBatch
 
     torch.set_num_threads(2 // world)

@@ -118,7 +118,7 @@ def one(mode: str, extra: list[str], model: str, steps: int, new_tokens: int, de
         for step in range(1, steps + 1):
             saved.clear()
             t = time.perf_counter()
-            metrics = loop.train_step(rollout, learner, step)
+            metrics = loop.train_step(rollout, learner, step, learner.ctx)[1]
             if gpu:
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t)

@@ -99,7 +99,8 @@ def main() -> None:
     from scalerl.distributed import parallel
     from scalerl.jsonl import read_metrics
     from scalerl.rollout import hf
-    from scalerl.trainer import learner, loop, step as step_module
+    from scalerl.learner import learner
+    from scalerl.trainer import loop, step as step_module
 
     timer = PhaseTimer()
     timer.wrap(hf.HFSampler, "sample", "generation")

@@ -105,7 +105,7 @@ def main() -> None:
 
 def run_mode(mode: str, device: torch.device, reps: int, tiny_task) -> dict:
     """One precision mode: the vLLM engine's start, then both engines' generation and weight sync, alternated."""
-    from scalerl.plan import precision_policy
+    from scalerl.config.plan import precision_policy
     from scalerl.rollout.hf import HFSampler
     from scalerl.rollout.vllm_engine import VLLMSampler, engine_dtype
     from scalerl.types import SamplingParams

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from scalerl.errors import ScaleRLError
+from scalerl.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +87,7 @@ def read_log(path: Path | str) -> list[dict[str, Any]]:
 def write_log_atomically(path: Path | str, rows: list[dict[str, Any]]) -> None:
     """Replace a JSONL log with `rows`: written to a temporary file beside it, fsynced, then renamed
     over it (and the folder fsynced), so a kill at any moment leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write("".join(json.dumps(row) + "\n" for row in rows))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:

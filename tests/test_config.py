@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scalerl.checks import check_config
+from scalerl.config.checks import check_config
 from scalerl.config import Config, dump_config, load_config, parse_override
 from scalerl.errors import ScaleRLError
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import run_cli, tiny_overrides
 
-from scalerl.trainer.evaluation import confidence_interval
+from scalerl.rollout.evaluation import confidence_interval
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_export_quantize_errors_are_one_line(run, tmp_path, monkeypatch):
     import sys
 
     from scalerl.errors import ScaleRLError
-    from scalerl.trainer.export import export_model
+    from scalerl.jobs.export import export_model
 
     bad = run_cli("-m", "scalerl.cli.main", "export", str(run), "--out", str(tmp_path / "q"), "--quantize", "int3")
     assert bad.returncode == 2 and "--quantize int3" in bad.stderr and "nf4" in bad.stderr and "\n" not in bad.stderr.strip()

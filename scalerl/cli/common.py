@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -9,7 +10,7 @@ import select
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from scalerl.errors import ScaleRLError
 
@@ -23,16 +24,18 @@ def setup_logging() -> None:
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
-def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
-    """Run `fn`; a ScaleRLError becomes `error: <message>` on stderr and exit code 2 (traceback
-    only with --debug), and so does a full disk. A run stopped by SIGTERM/SIGINT (`Stopped`, after
-    its checkpoint) exits with 128 + the signal's number; a second signal (KeyboardInterrupt) with
+@contextlib.contextmanager
+def guarded(debug: bool) -> Iterator[None]:
+    """Around a command's work: a ScaleRLError becomes `error: <message>` on stderr and exit code 2
+    (traceback only with --debug), and so does a full disk. A run stopped by SIGTERM/SIGINT (`Stopped`,
+    after its checkpoint) exits with 128 + the signal's number; a second signal (KeyboardInterrupt) with
     130. Anything else is a bug in ScaleRL and keeps its traceback: a broken pipe (EPIPE) too, printed
-    here with exit code 1, unless it is stdout's reader that went away (`scalerl ... | head`)."""
+    here with exit code 1, unless it is stdout's reader that went away (`scalerl ... | head`).
+    (A context manager, not a wrapper: it adds no call between a command and its work.)"""
     from scalerl.errors import Stopped
 
     try:
-        fn()
+        yield
     except ScaleRLError as err:
         if debug:
             traceback.print_exc()
@@ -58,6 +61,12 @@ def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
         raise SystemExit(130) from None
 
 
+def run_guarded(fn: Callable[[], Any], debug: bool) -> None:
+    """`fn()` inside `guarded(debug)`."""
+    with guarded(debug):
+        fn()
+
+
 def _stdout_closed() -> bool:
     """Whether stdout is a pipe whose reading end is closed (poll reports an error on the writer)."""
     try:
@@ -74,10 +83,10 @@ def command_overrides(set_: list[str], name: str | None, steps: int | None) -> l
 
 
 def checked_config(config_path: Path | None, overrides: list[str], resume: bool, overwrite: bool = False):
-    """The run's config (on --resume: from the run's saved one, scalerl/resume_config.py), checked: one-line errors."""
-    from scalerl.checks import check_config
+    """The run's config (on --resume: from the run's saved one, scalerl/config/resume.py), checked: one-line errors."""
+    from scalerl.config.checks import check_config
     from scalerl.config import load_config
-    from scalerl.resume_config import resume_config
+    from scalerl.config.resume import resume_config
 
     if resume and overwrite:
         raise ScaleRLError("--resume and --overwrite contradict each other: continue the run, or replace it")
@@ -109,24 +118,35 @@ def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Pa
     raise SystemExit(code)
 
 
-def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,
-           overwrite: bool = False, producer: Any = None) -> None:
-    """Build the config (on --resume: from the run's saved one, scalerl/resume_config.py), then print it
-    (--dry-run) or train. `producer`: where an async run's producer runs (a Ray actor under `scalerl launch --ray`;
-    default a process beside the learner)."""
+def restarted(resume: bool, overwrite: bool) -> tuple[bool, bool]:
+    """(resume, overwrite) as this process must take them: a torchrun restart of failed ranks continues the run."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return True, False
+    return resume, overwrite
+
+
+def run_config(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, overwrite: bool = False):
+    """The checked config of a `train` command (on --resume: the run's saved one, scalerl/config/resume.py), or None
+    after printing it for --dry-run."""
     from scalerl.config import dump_config
 
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:  # torchrun's restart of failed ranks: continue the run
-        resume, overwrite = True, False
+    config = checked_config(config_path, overrides, resume, overwrite)
+    if dry_run:
+        print(dump_config(config), end="")
+        return None
+    return config
 
-    def go() -> None:
-        config = checked_config(config_path, overrides, resume, overwrite)
-        if dry_run:
-            print(dump_config(config), end="")
-            return
-        from scalerl.trainer.loop import train  # torch is imported only now
 
-        train(config, resume=resume, overwrite=overwrite, producer=producer)
-
+def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,
+           overwrite: bool = False, producer: Any = None) -> None:
+    """`python -m scalerl.train`, `rl-train` and `scalerl launch --ray`: build the config, then print it (--dry-run)
+    or train. `producer`: where an async run's producer runs (a Ray actor under `scalerl launch --ray`; default a
+    process beside the learner). (`scalerl train` does the same in scalerl/cli/main.py.)"""
     setup_logging()
-    run_guarded(go, debug)
+    resume, overwrite = restarted(resume, overwrite)
+    with guarded(debug):
+        config = run_config(config_path, overrides, dry_run=dry_run, resume=resume, overwrite=overwrite)
+        if config is not None:
+            from scalerl.trainer.loop import train  # torch is imported only now
+
+            train(config, resume=resume, overwrite=overwrite, producer=producer)

@@ -9,7 +9,6 @@ from pathlib import Path
 import typer
 
 from scalerl.cli.common import run_guarded, setup_logging
-from scalerl.errors import ScaleRLError
 
 
 def export(
@@ -26,7 +25,7 @@ def export(
     """Export a run's policy: safetensors in --dtype (or nf4), config, tokenizer, generation config with the run's EOS."""
 
     def go() -> None:
-        from scalerl.trainer.export import export_model
+        from scalerl.jobs.export import export_model
 
         folder = export_model(run_dir, out, dtype, quantize=quantize, merge_lora=merge_lora, overwrite=overwrite,
                               warn=lambda line: print(line, file=sys.stderr))
@@ -50,6 +49,8 @@ def evaluate(
     """Held-out pass rate (mean@k) of a model or run on an environment, with a 95 % confidence interval."""
 
     def go() -> None:
+        from scalerl.jobs.evaluate import run_eval
+
         result = run_eval(model, env, samples, temperature, max_tasks, max_new_tokens, seed)
         print(f"pass rate {result['pass_rate']:.4f} (95 % CI {result['ci95'][0]:.4f}-{result['ci95'][1]:.4f}) over "
               f"{result['tasks']} tasks x {samples} samples, env {result['env']}, {result['model']}")
@@ -58,54 +59,3 @@ def evaluate(
 
     setup_logging()
     run_guarded(go, debug)
-
-
-def run_eval(model: str, env_name: str | None, samples: int, temperature: float | None, max_tasks: int | None,
-             max_new_tokens: int | None, seed: int) -> dict:
-    """The pass rate, its interval and what it was measured on (one process)."""
-    import torch
-
-    from scalerl.config import Config, load_config
-    from scalerl.envs.registry import build_env
-    from scalerl.models.loading import load_model, load_tokenizer
-    from scalerl.rewards.sources import env_has_verifier
-    from scalerl.rollout.chat import prompt_format
-    from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.checkpoint import MARKER
-    from scalerl.trainer.evaluation import confidence_interval, task_scores
-    from scalerl.trainer.export import resolve_checkpoint
-    from scalerl.types import SamplingParams, derive_seed
-
-    path = Path(model)
-    run_config: Config | None = None
-    if path.is_dir() and ((path / "checkpoints").is_dir() or (path / MARKER).is_file()):
-        run_folder = path if (path / "checkpoints").is_dir() else path.parent.parent
-        if (run_folder / "config.yaml").is_file():
-            run_config = load_config(run_folder / "config.yaml")
-        model = str(resolve_checkpoint(path, warn=lambda line: print(line, file=sys.stderr)))
-    base = run_config or load_config()
-    name = env_name or base.env.name
-    args = base.env.args if name == base.env.name else {}
-    config = load_config(overrides=[f"model.path={model}", f"env.name={name}"])
-    if not env_has_verifier(name):
-        raise ScaleRLError(f"--env {name} has no verifier (its reward is a model's); scalerl eval scores environments that check answers")
-    temp = temperature if temperature is not None else (0.0 if samples == 1 else 1.0)
-    if samples > 1 and temp == 0:
-        raise ScaleRLError("--samples > 1 needs --temperature > 0: greedy decoding gives the same completion every time")
-    environment = build_env(name, args)
-    tasks = environment.eval_tasks()[:max_tasks]
-    tokenizer = load_tokenizer(config.model)
-    policy = load_model(config.model, torch.device("cpu")).eval()
-    prompts = prompt_format(base.env.chat_template, base.env.system_prompt, tokenizer)  # the run's, else the defaults
-    sampler = HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=prompts.stop_ids(), device=torch.device("cpu"))
-    params = SamplingParams(max_new_tokens=max_new_tokens or base.rollout.max_new_tokens, temperature=temp, n=samples,
-                            top_p=base.rollout.top_p, top_k=base.rollout.top_k)
-    seeds = [derive_seed(seed, "eval", i) for i in range(len(tasks))] if temp > 0 else None
-    sums = task_scores(environment, tasks, sampler, tokenizer, params, seeds, batch_size=base.eval.batch_size,
-                       max_turns=base.rollout.max_turns, encode=prompts)
-    means = sums / samples
-    binary = samples == 1 and bool(((means == 0) | (means == 1)).all())
-    low, high = confidence_interval(means, binary)
-    return {"pass_rate": float(means.mean()) if len(means) else 0.0, "ci95": [low, high], "interval": "wilson" if binary else "normal",
-            "tasks": len(tasks), "samples": samples, "temperature": temp, "env": name, "model": model, "seed": seed,
-            "max_new_tokens": params.max_new_tokens}

@@ -7,7 +7,7 @@
     learner actor(s) ──────────────────→  rank r: `scalerl train`'s own code path (torch.distributed over gloo or
                                           NCCL between ranks, MASTER_ADDR = rank 0's node)
                                           async: rank 0 creates the producer actor in the last bundle and reaches it
-                                          over the pair link (scalerl/trainer/ray_producer.py)
+                                          over the pair link (scalerl/rollout/ray_producer.py)
     wait; SIGTERM/SIGINT → forwarded to every learner (it checkpoints and stops); exit with the ranks' code
 
 Each actor works in this command's working directory, so `log.run_dir` and the run's metrics and
@@ -176,7 +176,7 @@ def run_on_ray(address: str, config_path: Path | None, overrides: list[str], *, 
     group = reserve(ray, [learner] * nproc + ([producer] if asynchronous else []), strategy, wait_s=120)
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from scalerl.trainer.ray_producer import RayProducer
+    from scalerl.rollout.ray_producer import RayProducer
 
     actor_class = ray.remote(LearnerActor)
     actors = [actor_class.options(num_cpus=learner["CPU"], num_gpus=learner.get("GPU", 0), name=f"scalerl-learner-{rank}-{os.getpid()}",

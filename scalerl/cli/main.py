@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from scalerl.cli.common import command_overrides, launch, launch_ranks, run_guarded, setup_logging
+from scalerl.cli.common import command_overrides, guarded, launch_ranks, restarted, run_config, run_guarded, setup_logging
 from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.launch import launch as launch_command
@@ -52,7 +52,14 @@ def train(
                 *(["--resume"] if resume else []), *(["--overwrite"] if overwrite else []), *(["--debug"] if debug else [])]
         run_guarded(lambda: launch_ranks(nproc, max_restarts, argv, config, overrides, resume, overwrite), debug)
         return
-    launch(config, overrides, dry_run=dry_run, resume=resume, debug=debug, overwrite=overwrite)
+    setup_logging()
+    resume, overwrite = restarted(resume, overwrite)
+    with guarded(debug):
+        checked = run_config(config, overrides, dry_run=dry_run, resume=resume, overwrite=overwrite)
+        if checked is not None:
+            from scalerl.trainer.loop import train as run_training  # torch is imported only now
+
+            run_training(checked, resume=resume, overwrite=overwrite)  # scalerl/trainer/loop.py
 
 
 app.command("report")(report)
@@ -71,9 +78,9 @@ def auto_shard(
     """Profile how fast each parameter moves over K steps and write dynamic sharding's param_groups (source 000 §2.1)."""
 
     def go() -> None:
-        from scalerl.checks import check_config
+        from scalerl.config.checks import check_config
         from scalerl.config import load_config
-        from scalerl.trainer.auto_shard import assign_intervals, param_groups_yaml, profile
+        from scalerl.jobs.auto_shard import assign_intervals, param_groups_yaml, profile
 
         cfg = check_config(load_config(config, list(set_)))
         profiles = profile(cfg, steps)
@@ -99,11 +106,11 @@ def continual(
     poll_s: float = typer.Option(30.0, "--poll-s", min=0.1, help="Seconds between looks at --watch."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:
-    """Keep training on new data: online evaluation, incremental RL, validation with rollback (scalerl/trainer/continual.py)."""
+    """Keep training on new data: online evaluation, incremental RL, validation with rollback (scalerl/jobs/continual.py)."""
 
     def go() -> None:
         from scalerl.config import load_config
-        from scalerl.trainer.continual import STATE_FILE, run_continual
+        from scalerl.jobs.continual import STATE_FILE, run_continual
 
         saved = root / "config.yaml"
         if (root / STATE_FILE).is_file() and (config is not None or set_):

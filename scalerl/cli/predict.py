@@ -12,38 +12,10 @@ from typing import Any, List, Optional
 import typer
 
 from scalerl.cli.common import run_guarded, setup_logging
-from scalerl.errors import ScaleRLError
 
 
 def _range(lo: float | None, hi: float | None, fmt: str) -> str:
     return f"{format(lo, fmt) if lo is not None else '?'}-{format(hi, fmt) if hi is not None else 'not reached'}"
-
-
-def _cost_to_target(fc: dict[str, Any], run_dir: Path, compute: str, gpus: int, price: float | None,
-                    efficiency: float) -> dict[str, Any] | None:
-    """Steps, hours, GPU-hours and money to the target pass rate (point and band), from the run's own step time."""
-    from scalerl.predict.cost import throughput_from_run
-
-    if fc.get("compute_at_target") is None and fc["compute_at_target_band"][0] is None:
-        return None
-    if gpus < 1 or not 0 < efficiency <= 1 or (price is not None and price < 0):
-        raise ScaleRLError("--gpus must be >= 1, --efficiency in (0, 1] and --price-per-gpu-hour >= 0")
-    tokens_per_s, tokens_per_step = throughput_from_run(run_dir)
-    seconds_per_step = tokens_per_step / tokens_per_s
-
-    def priced(c: float | None) -> dict[str, float] | None:
-        if c is None:
-            return None
-        steps = c if compute == "steps" else c / tokens_per_step
-        hours = steps * seconds_per_step / 3600
-        out = {"steps": steps, "hours": hours, "gpu_hours": hours * gpus}
-        if price is not None:
-            out["cost"] = price * hours * gpus / efficiency
-        return out
-
-    lo, hi = fc["compute_at_target_band"]
-    return {"point": priced(fc.get("compute_at_target")), "band": [priced(lo), priced(hi)], "gpus": gpus, "price_per_gpu_hour": price,
-            "efficiency": efficiency, "seconds_per_step": seconds_per_step, "tokens_per_s": tokens_per_s}
 
 
 def _print(fc: dict[str, Any], compute: str) -> None:
@@ -98,12 +70,10 @@ def predict(
     """Forecast held-out pass rate: R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B) (ScaleRL paper), with a 95 % profile band."""
 
     def go() -> None:
-        from scalerl.predict.forecast import forecast_runs
+        from scalerl.jobs.predict import forecast
 
-        fc = forecast_runs(list(run_dirs), compute=compute, warmup_frac=warmup_frac, max_step=max_step, target_compute=target_compute,
-                           target_pass_rate=target_pass_rate)
-        if target_pass_rate is not None:
-            fc["cost_to_target"] = _cost_to_target(fc, run_dirs[0], compute, gpus, price, efficiency)
+        fc = forecast(list(run_dirs), compute=compute, warmup_frac=warmup_frac, max_step=max_step, target_compute=target_compute,
+                      target_pass_rate=target_pass_rate, gpus=gpus, price=price, efficiency=efficiency)
         if as_json:
             print(json.dumps(fc, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else str(x)))
         else:

@@ -7,7 +7,7 @@ from scalerl.distributed.context import DistContext
 from scalerl.distributed.dynamic_sharding import DynamicSharding
 from scalerl.distributed.parallel import STRATEGIES, DDPStrategy, FSDP2Strategy, Strategy
 from scalerl.errors import ScaleRLError
-from scalerl.plan import PrecisionPolicy
+from scalerl.config.plan import PrecisionPolicy
 
 
 def build_strategy(config: ParallelConfig, ctx: DistContext, precision: PrecisionPolicy) -> Strategy:

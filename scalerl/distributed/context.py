@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 from dataclasses import dataclass
 
 import torch
@@ -130,3 +131,16 @@ def shutdown(ctx: DistContext) -> None:
     if ctx.active and dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    """Python's and torch's default generators (sampling draws from per-request seeds of its own)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def set_threads(threads: int | None) -> None:
+    """This process's compute threads (None: torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))

@@ -26,8 +26,9 @@ from torch import nn
 
 from scalerl.config import ParamGroupConfig
 from scalerl.distributed.context import DistContext
-from scalerl.distributed.parallel import CompletionModel, Strategy
-from scalerl.plan import PrecisionPolicy
+from scalerl.distributed.parallel import Strategy
+from scalerl.models.logprobs import CompletionModel
+from scalerl.config.plan import PrecisionPolicy
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """A two-process link over torch.distributed (gloo; NCCL for the weights between two GPUs): the learner
-(rank 0) and its rollout producer (rank 1) of an asynchronous run (scalerl/trainer/async_rollout.py).
+(rank 0) and its rollout producer (rank 1) of an asynchronous run (scalerl/rollout/async_rollout.py).
 
 The link is a `ProcessGroupGloo` of its own over a `TCPStore` the learner opens (on all of its
 addresses; the producer joins at 127.0.0.1 beside it, at the learner's node address under Ray), so

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -44,24 +44,10 @@ from torch import nn
 
 from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
-from scalerl.models.logprobs import CompletionForward, completion_forward
-from scalerl.plan import PrecisionPolicy
-from scalerl.types import Rollout
+from scalerl.models.logprobs import CompletionModel
+from scalerl.config.plan import PrecisionPolicy
 
 STRATEGIES = ("none", "ddp", "fsdp2", "dynamic")
-
-
-class CompletionModel(nn.Module):
-    """A causal LM as the learner runs it: `forward(batch, **options)` is `completion_forward(model, batch,
-    **options)`. Wrappers (DDP, FSDP2's root) hook a module's forward; the learner's forward runs the
-    decoder and the LM head separately, so this module is what they wrap."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, batch: Rollout, **options: Any) -> CompletionForward:
-        return completion_forward(self.model, batch, **options)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

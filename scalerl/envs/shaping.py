@@ -3,7 +3,7 @@
 An environment that shapes its reward keeps two judgements apart:
 
 * `correct(task, completion) -> float`: the exact-answer score in {0, 1}; held-out pass rates use
-  this one only (`scalerl/trainer/evaluation.py`), so shaping never inflates a pass rate;
+  this one only (`scalerl/rollout/evaluation.py`), so shaping never inflates a pass rate;
 * `partial_credit(task, completion) -> float` in [0, 1]: what an incorrect completion got right
   (for example a well-formed answer), or a user function named by `shaping.function`.
 

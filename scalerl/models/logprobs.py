@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from scalerl.types import Rollout
 
@@ -227,3 +229,16 @@ def completion_logprobs(
     """(logprobs, entropy or None), both (B, T); see `completion_forward`."""
     out = completion_forward(model, batch, temperature=temperature, fp32_head=fp32_head, with_entropy=with_entropy)
     return out.logprobs, out.entropy
+
+
+class CompletionModel(nn.Module):
+    """A causal LM as the learner runs it: `forward(batch, **options)` is `completion_forward(model, batch,
+    **options)`. Wrappers (DDP, FSDP2's root) hook a module's forward; the learner's forward runs the
+    decoder and the LM head separately, so this module is what they wrap."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch: Rollout, **options: Any) -> CompletionForward:
+        return completion_forward(self.model, batch, **options)

@@ -2,7 +2,7 @@
 `HealthMonitor`, which keeps the short histories they need and turns findings into `Event`s.
 
 No torch and no trainer here: what the trainer does about an event (raise β, halve the lr,
-restore a snapshot, dump the batch) is in `scalerl/trainer/recovery.py`.
+restore a snapshot, dump the batch) are in `scalerl/learner/recovery.py` and `scalerl/trainer/health_guard.py`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Putting a precision policy (scalerl/plan.py) onto the models and the optimizer, and what each part weighs.
+"""Putting a precision policy (scalerl/config/plan.py) onto the models and the optimizer, and what each part weighs.
 
     check_precision → weights' dtype at load → prepare_policy (fp8 matmuls) → build_reference (int8 or a
     copy) → build_optimizer (torch's fused AdamW, or CompactAdamW) → component_bytes (the start-up line)
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from scalerl.errors import ScaleRLError
-from scalerl.plan import PrecisionPolicy
+from scalerl.config.plan import PrecisionPolicy
 
 
 def fp8_backend(policy: PrecisionPolicy, device: torch.device) -> str | None:
@@ -145,7 +145,7 @@ def component_bytes(reference: torch.nn.Module | None, optimizer: torch.optim.Op
 def expected_bytes(optimizer: torch.optim.Optimizer, policy: PrecisionPolicy) -> dict[str, int]:
     """What `component_bytes` will hold once every state is allocated (after the first update), from the
     trainable tensors' shapes through the memory estimator's own arithmetic (scalerl/predict/memory.py)."""
-    from scalerl.predict.memory import PRECISIONS, state_bytes
+    from scalerl.precision.bytes import PRECISIONS, state_bytes
 
     shapes = [tuple(p.shape) for group in optimizer.param_groups for p in group["params"]]
     return state_bytes(shapes, PRECISIONS[policy.mode])

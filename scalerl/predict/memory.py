@@ -1,6 +1,6 @@
 """Memory of an RL training job per component, before launch, from the model's shape alone (no torch).
 
-Bytes per parameter or element by precision mode (`precision.mode`, scalerl/plan.py):
+Bytes per parameter or element by precision mode (`precision.mode`, scalerl/config/plan.py):
 
 | mode | weights | grads | AdamW (2 moments) | error feedback | activations | KV cache | reference |
 |---|---|---|---|---|---|---|---|
@@ -55,6 +55,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from scalerl.errors import ScaleRLError
+from scalerl.precision.bytes import PRECISIONS, Precision, state_bytes
+
+LEGACY_NAMES = {"bf16": "standard", "fp8": "aggressive"}  # the older train.precision spelling
 
 GIB = 1024**3
 
@@ -107,37 +110,6 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
-@dataclass(frozen=True)
-class Precision:
-    weights: float  # per element of a trainable weight (and of its gradient)
-    moments: str  # "float32", "bfloat16" or "8bit"
-    error_feedback: bool
-    activations: float
-    kv: float
-    reference: float  # per element of the frozen reference's weights
-    working_copy: float = 0.0  # autocast's bf16 copy of the decoder's weights, per element (embedding and FP32 head not cast)
-    fp32_per_layer: float = 0.0  # bytes per token per hidden unit that a layer saves in float32 beyond `activations`
-    fp32_final_norm: float = 0.0  # the same for the final norm
-
-
-PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision(weights=4, moments="float32", error_feedback=False, activations=4, kv=4, reference=4),
-    "standard": Precision(weights=4, moments="float32", error_feedback=False, activations=2, kv=2, reference=2, working_copy=2,
-                          fp32_per_layer=4, fp32_final_norm=2),
-    "aggressive": Precision(weights=2, moments="bfloat16", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
-                            fp32_final_norm=2),
-    "compressed": Precision(weights=2, moments="8bit", error_feedback=True, activations=2, kv=2, reference=2, fp32_per_layer=4,
-                            fp32_final_norm=2),
-}
-LEGACY_NAMES = {"bf16": "standard", "fp8": "aggressive"}  # the older train.precision spelling
-BLOCK = 256  # values per float32 scale of an 8-bit state (scalerl/precision/adamw.py)
-
-
-def quantized_bytes(n: int) -> int:
-    """One 8-bit block-wise state of a tensor of n values: its codes and its float32 scales."""
-    return n + 4 * math.ceil(n / BLOCK)
-
-
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # a Llama layer's linear layers
 
 
@@ -151,17 +123,6 @@ def lora_tensors(shape: ModelShape, r: int, targets: list[str] | str = "all-line
     if not names:
         raise ScaleRLError(f"model.lora.target_modules: none of {targets} names a linear layer of a Llama decoder ({', '.join(LINEARS)})")
     return [t for name in names for out, inp in [dims[name]] for t in ((r, inp), (out, r))] * shape.layers
-
-
-def state_bytes(tensors: list[tuple[int, ...]], precision: Precision, *, optim_8bit: bool = False) -> dict[str, int]:
-    """Bytes of the trainable weights, their gradients, AdamW's moments and the error-feedback buffers, for
-    parameter tensors of the given shapes (torch's fused AdamW also keeps a 4-byte step per tensor, not counted)."""
-    sizes = [math.prod(t) for t in tensors]
-    n = sum(sizes)
-    moments = "8bit" if optim_8bit else precision.moments
-    optimizer = {"float32": 8 * n, "bfloat16": 4 * n, "8bit": sum(2 * quantized_bytes(k) for k in sizes)}[moments]
-    error = sum(quantized_bytes(k) for k in sizes) if precision.error_feedback else 0
-    return {"weights": int(n * precision.weights), "gradients": int(n * precision.weights), "optimizer": optimizer, "error_feedback": error}
 
 
 def reference_bytes(tensors: list[tuple[int, ...]], precision: Precision, *, int8: bool = False, head: tuple[int, ...] | None = None) -> int:

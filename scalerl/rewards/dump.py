@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from scalerl.files import write_atomically
 
 
 def dump_due(step: int, every: int) -> bool:
@@ -70,11 +70,7 @@ def sample_rows(step: int, prompts: Sequence[str], completions: Sequence[str], *
 def write_jsonl(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
     """Write `rows` as JSONL to `path` atomically (temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_atomically(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     return path
 
 

@@ -1,4 +1,12 @@
-"""The interface every rollout engine implements.
+"""The rollout side's two interfaces: `RolloutSide`, what the training job asks of whatever makes its
+batches (an in-process `RolloutWorker`, or an `AsyncRollout` whose producer is a spawned process or
+a Ray actor), and `Sampler`, what every rollout engine implements.
+
+`RolloutSide` (tests/rollout/test_rollout_contract.py runs every implementation through it): a
+scored batch for a step, weights with their version, a held-out evaluation, its own state and files
+for checkpoints, and close. Nothing outside the rollout side reads its members.
+
+`Sampler`:
 
 The Hugging Face engine (`hf.py`) samples with the training model itself; a vLLM engine, an
 asynchronous producer process or a Ray actor implement the same protocol. What crosses it is plain
@@ -17,11 +25,12 @@ Conventions every engine keeps (tests/rollout/sampler_contract.py checks them):
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping, Protocol, Sequence
 
 import torch
 
-from scalerl.types import Rollout, SamplingParams
+from scalerl.types import Rollout, SamplingParams, ScoredBatch
 
 
 class Sampler(Protocol):
@@ -40,3 +49,33 @@ class Sampler(Protocol):
     def version(self) -> int:
         """The policy version of the weights the engine samples with."""
         ...
+
+
+class RolloutSide(Protocol):
+    shares_weights: bool  # it samples with the learner's own modules: `sync_weights` receives None, only a version
+
+    def produce(self, step: int) -> ScoredBatch:
+        """Sample, score and filter the batch of `step` (each step once, in order)."""
+        ...
+
+    def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
+        """Sample with these weights, as policy `version`, from the next batch on."""
+        ...
+
+    def evaluate(self, step: int) -> float:
+        """The held-out pass rate of the newest weights after `step` steps (the same on every rank)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """What a resume needs to go on exactly: the data position, the reward pipeline's state, the policy version."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def save_files(self, folder: Path, rank: int) -> None:
+        """This rank's files in a checkpoint folder (the replay buffer), beside `state_dict`."""
+        ...
+
+    def load_files(self, folder: Path, rank: int) -> None: ...
+
+    def close(self) -> None: ...

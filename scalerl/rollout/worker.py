@@ -2,7 +2,8 @@
 
 It owns the prompt stream, the sampler, the environment and the reward pipeline, and knows the
 policy version its sampler holds. It never sees the learner: the loop hands it weights and a
-version (`sync_weights`) and takes its batches (`produce`). Today both roles live in one process;
+version (`sync_weights`) and takes its batches (`produce`) and pass rates (`evaluate`): the
+`RolloutSide` interface of scalerl/rollout/base.py. Today both roles live in one process;
 an asynchronous producer or a vLLM engine replaces this side without the learner noticing.
 
 Randomness is per request: prompt i of step s on rank r samples with
@@ -14,16 +15,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from scalerl.distributed.context import DistContext
 from scalerl.rewards.pipeline import RewardPipeline
+from scalerl.rewards.scorer import RewardScorer
 from scalerl.rollout.base import Sampler
+from scalerl.rollout.evaluation import pass_rate
 from scalerl.rollout.multiturn import sample_episodes
 from scalerl.rollout.replay_mix import ReplayMixer
 from scalerl.rollout.prompts import PromptStream
 from scalerl.types import Rollout, SamplingParams, ScoredBatch, Task, derive_seed
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How the held-out pass rate is measured (`eval.*`): greedy, or mean@samples at a temperature, with
+    per-task seeds (train.seed, step, task) of its own, so it is reproducible, the same at any world
+    size, and leaves the training's draws untouched."""
+
+    params: SamplingParams
+    max_tasks: int
+    batch_size: int
+    scorer: RewardScorer | None = None  # an environment without a verifier: the mean fused reward
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,8 @@ class BatchFilters:
 class RolloutWorker:
     def __init__(self, *, sampler: Sampler, env, tokenizer, stream: PromptStream, rewards: RewardPipeline,
                  params: SamplingParams, filters: BatchFilters, seed: int, max_turns: int, ctx: DistContext,
-                 shares_weights: bool, encode: Callable[[Task], list[int]] | None = None, replay: ReplayMixer | None = None):
+                 shares_weights: bool, encode: Callable[[Task], list[int]] | None = None, replay: ReplayMixer | None = None,
+                 evaluation: EvalSettings | None = None):
         self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
         self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
         self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
@@ -45,6 +62,8 @@ class RolloutWorker:
                               # through its chat template; None: raw
         self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
         self.replay = replay  # older groups mixed into each batch (scalerl/rollout/replay_mix.py); None: no replay
+        self.evaluation = evaluation or EvalSettings(SamplingParams(max_new_tokens=params.max_new_tokens, temperature=0.0),
+                                                     max_tasks=2**31, batch_size=64)
 
     @property
     def version(self) -> int:
@@ -93,6 +112,21 @@ class RolloutWorker:
     def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
         """Sample with these weights (None: the shared modules already are) as policy `version` from now on."""
         self.sampler.sync_weights(weights, version)
+
+    def evaluate(self, step: int) -> float:
+        ev = self.evaluation
+        tasks = self.env.eval_tasks()[: ev.max_tasks]
+        seeds = [derive_seed(self.seed, "eval", step, i) for i in range(len(tasks))] if ev.params.temperature > 0 else None
+        return pass_rate(self.env, tasks, self.sampler, self.tokenizer, ev.params, seeds, ctx=self.ctx, batch_size=ev.batch_size,
+                         max_turns=self.max_turns, scorer=ev.scorer, encode=self.encode)
+
+    def save_files(self, folder: Path, rank: int) -> None:
+        if self.replay is not None:
+            self.replay.save(folder, rank)
+
+    def load_files(self, folder: Path, rank: int) -> None:
+        if self.replay is not None:
+            self.replay.load(folder, rank)
 
     def state_dict(self) -> dict:
         return {"data": self.stream.state_dict(), "rewards": self.rewards.state_dict(), "policy_version": self.version}

@@ -1,5 +1,9 @@
 """One training step: the rollout side produces a scored batch, the learner learns from it, the
-rollout side receives the new weights. Then one flat metrics dict."""
+rollout side receives the new weights. Then one flat metrics dict.
+
+    train_step → rollout.produce (scalerl/rollout/worker.py) → learner.learn (scalerl/learner/learner.py)
+               → publish_weights → step_metrics
+"""
 
 from __future__ import annotations
 
@@ -9,24 +13,26 @@ from typing import Any
 
 import torch
 
-from scalerl.rollout.worker import RolloutWorker
-from scalerl.trainer.learner import Learner
+from scalerl.learner.learner import LearnerSide
+from scalerl.rollout.base import RolloutSide
+from scalerl.distributed.context import DistContext
 from scalerl.types import ScoredBatch
 
 
-def train_step(rollout: RolloutWorker, learner: Learner, step: int) -> dict[str, Any]:
+def train_step(rollout: RolloutSide, learner: LearnerSide, step: int, ctx: DistContext) -> tuple[ScoredBatch, dict[str, Any]]:
+    """The step's batch and its metrics."""
     start = time.perf_counter()
-    batch = rollout.produce(step)  # sample → score → filter (scalerl/rollout/worker.py)
+    batch = rollout.produce(step)  # sample → score → filter
     produced = time.perf_counter()
-    stats = learner.learn(batch, step)  # advantages → old/ref log-probs → epochs of updates (scalerl/trainer/learner.py)
+    stats = learner.learn(batch, step)  # advantages → old/ref log-probs → epochs of updates
     publish_weights(rollout, learner)
-    return step_metrics(batch, stats, learner.ctx, elapsed=time.perf_counter() - start, rollout_s=produced - start)
+    return batch, step_metrics(batch, stats, ctx, elapsed=time.perf_counter() - start, rollout_s=produced - start)
 
 
-def publish_weights(rollout: RolloutWorker, learner: Learner) -> None:
+def publish_weights(rollout: RolloutSide, learner: LearnerSide) -> None:
     """Hand the learner's current weights and version to the rollout side (only the version when the
     sampler runs the learner's own modules)."""
-    rollout.sync_weights(None if rollout.shares_weights else learner.policy.state_dict(), learner.version)
+    rollout.sync_weights(None if rollout.shares_weights else learner.weights(), learner.version)
 
 
 def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: float, rollout_s: float) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import run_cli, tiny_overrides
-from scalerl.trainer.auto_shard import TensorProfile, assign_intervals, communication_fraction
+from scalerl.jobs.auto_shard import TensorProfile, assign_intervals, communication_fraction
 
 
 def _p(name: str, step: float, numel: int = 100) -> TensorProfile:

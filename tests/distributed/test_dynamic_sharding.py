@@ -51,7 +51,7 @@ STEPS = 7  # full synchronisations at steps 1 and 7
 def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     from scalerl.config import load_config
     from scalerl.models.loading import load_model
-    from scalerl.trainer.setup import build_learner
+    from scalerl.learner.build import build_learner
 
     torch.set_num_threads(1)
     start_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

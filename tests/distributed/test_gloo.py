@@ -33,7 +33,7 @@ def _learn(ctx, runs, overrides, batch):
     """The trainer's own learner on `batch`; returns (gradients applied at each update, final weights, metrics)."""
     from scalerl.config import load_config
     from scalerl.models.loading import load_model
-    from scalerl.trainer.setup import build_learner
+    from scalerl.learner.build import build_learner
 
     torch.manual_seed(0)
     config = load_config(overrides=tiny_overrides(runs, "learn", **{**LEARN, **overrides}))

@@ -1,4 +1,4 @@
-"""`scalerl launch --ray` (scalerl/cli/launch.py, scalerl/trainer/ray_producer.py): the run's roles as Ray
+"""`scalerl launch --ray` (scalerl/cli/launch.py, scalerl/rollout/ray_producer.py): the run's roles as Ray
 actors. The slow tests start a real Ray head on 127.0.0.1 with 2 CPUs and run jobs through it."""
 
 from __future__ import annotations

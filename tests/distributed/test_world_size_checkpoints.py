@@ -17,7 +17,7 @@ KL = {"algorithm.kl.beta": 0.05}  # a reference model too, sharded like the poli
 def _learner(ctx, runs, strategy: str):
     from scalerl.config import load_config
     from scalerl.models.loading import load_model
-    from scalerl.trainer.setup import build_learner
+    from scalerl.learner.build import build_learner
 
     torch.manual_seed(0)
     config = load_config(overrides=tiny_overrides(runs, "ckpt", **{**KL, "parallel.strategy": strategy}))

@@ -278,7 +278,7 @@ def test_pass_rate_averages_correctness_not_the_shaped_reward(tmp_path):
     from scalerl.models.paths import builtin_model_dir
     from scalerl.types import SamplingParams
     from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.evaluation import pass_rate
+    from scalerl.rollout.evaluation import pass_rate
 
     # sums the built-in model half knows: some greedy answers right, the rest wrong numbers
     path = _write_jsonl(tmp_path / "sums.jsonl", [{"prompt": f"{a}+{b}=", "answer": f"\\boxed{{{a + b}}}"}

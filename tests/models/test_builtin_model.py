@@ -30,7 +30,7 @@ def test_builtin_pass_rate_leaves_room_for_rl(tmp_path):
 
     config = load_config(overrides={"log.run_dir": str(tmp_path), "log.name": "eval"})
     rollout, _, _ = loop.build_roles(config, DistContext(), False)
-    assert 0.15 <= loop.evaluate(config, rollout, 0) <= 0.5  # measured: 0.325
+    assert 0.15 <= rollout.evaluate(0) <= 0.5  # measured: 0.325
 
 
 def test_build_script_is_deterministic(tmp_path):

@@ -40,7 +40,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off(run
     assert len(trainable) == 2 * 7 * 4 == len(learner.optimizer.param_groups[0]["params"])
     assert learner.reference is None  # no second copy of the weights
 
-    from scalerl.distributed.parallel import CompletionModel
+    from scalerl.models.logprobs import CompletionModel
 
     base = CompletionModel(load_model(config.model, torch.device("cpu")).eval())
     batch = rollout.produce(1).rollout
@@ -58,7 +58,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off(run
 def test_a_lora_checkpoint_holds_the_adapters_and_loads_with_from_pretrained(runs):
     from transformers import AutoModelForCausalLM
 
-    from scalerl.distributed.parallel import CompletionModel
+    from scalerl.models.logprobs import CompletionModel
 
     loop.train(load_config(overrides=tiny_overrides(runs, "lora-ckpt", **{**LORA, "train.steps": 3, "checkpoint.every": 3})))
     folder = runs / "lora-ckpt" / "checkpoints" / "step_0000003"

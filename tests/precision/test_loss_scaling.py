@@ -1,4 +1,4 @@
-"""precision.mode=standard with precision.compute=fp16: dynamic loss scaling (scalerl/plan.py's
+"""precision.mode=standard with precision.compute=fp16: dynamic loss scaling (scalerl/config/plan.py's
 next_loss_scale, Learner.micro_step/apply_update), checked against fp32 gradients and on an overflow."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from conftest import tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
-from scalerl.plan import (
+from scalerl.config.plan import (
     GROWTH_INTERVAL,
     INITIAL_LOSS_SCALE,
     next_loss_scale,
@@ -94,9 +94,10 @@ def test_without_loss_scaling_small_fp16_gradients_underflow():
 
 
 def _guard(config, rollout, learner, runs):
-    from scalerl.trainer.recovery import HealthGuard
+    from scalerl.trainer.health_guard import HealthGuard
 
-    return HealthGuard(config.health, rollout, learner, runs, printer=lambda _m: None)
+    return HealthGuard(config.health, learner, learner.ctx, runs, printer=lambda _m: None,
+                       completions_per_step=config.plan.batch_size)
 
 
 @pytest.mark.parametrize("health", [True, False])
@@ -106,14 +107,14 @@ def test_an_overflow_skips_the_update_halves_the_scale_and_raises_no_alarm(runs,
     guard = _guard(config, rollout, learner, runs)
     learner.state.loss_scale = 1e38  # the scaled loss's gradients overflow: inf
     before = [p.detach().clone() for p in learner.policy.parameters()]
-    metrics = loop.train_step(rollout, learner, 1)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
     assert metrics["loss_scale_overflows"] == 1.0 and not math.isfinite(metrics["grad_norm"]) and math.isfinite(metrics["loss"])
     assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.parameters()))  # skipped
     assert learner.state.loss_scale == 5e37 and learner.state.updates == 0
     guard.check(1, metrics)  # neither an error (health off) nor a non-finite event and snapshot restore (health on)
     assert guard.monitor.nonfinite_streak == 0
     for step in range(2, 8):  # the scale comes down by halves until the gradients fit
-        guard.check(step, loop.train_step(rollout, learner, step))
+        guard.check(step, loop.train_step(rollout, learner, step, learner.ctx)[1])
     assert learner.state.updates >= 1 and learner.state.loss_scale < 5e37
 
 

@@ -135,7 +135,7 @@ def test_each_mode_trains(runs, mode, extra):
     """Six steps with a KL term: finite losses, the weights move, the KL to the (int8) reference is small and positive."""
     _, rollout, learner = _build(runs, f"train-{mode}", **{"precision.mode": mode, "algorithm.kl.beta": 0.04, "optim.lr": 1e-3, **extra})
     before = [p.detach().clone() for p in learner.policy.parameters()]
-    rows = [loop.train_step(rollout, learner, step) for step in range(1, 7)]
+    rows = [loop.train_step(rollout, learner, step, learner.ctx)[1] for step in range(1, 7)]
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     moved = sum(not torch.equal(a, b) for a, b in zip(before, learner.policy.parameters()))
     assert moved == len(before)

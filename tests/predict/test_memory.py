@@ -112,7 +112,7 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_resid
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scalerl.models.logprobs import completion_forward
-    from scalerl.plan import precision_policy
+    from scalerl.config.plan import precision_policy
     from scalerl.precision.apply import prepare_policy, weights_dtype
 
     h, i, layers, heads, kv, vocab, micro, prompt, completion = 64, 192, 2, 4, 2, 50, 4, 12, 6
@@ -162,7 +162,7 @@ def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hid
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from scalerl.models.logprobs import completion_forward
-    from scalerl.plan import precision_policy
+    from scalerl.config.plan import precision_policy
     from scalerl.precision.apply import weights_dtype
 
     prompt = 6

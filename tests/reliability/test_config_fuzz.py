@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from conftest import run_cli
-from scalerl.checks import check_config
+from scalerl.config.checks import check_config
 from scalerl.config import ALGORITHMS, Config, dump_config, load_config
 from scalerl.errors import ScaleRLError
 

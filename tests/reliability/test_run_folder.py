@@ -16,7 +16,7 @@ from scalerl.config import load_config
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_metrics
 from scalerl.monitor.events import read_events
-from scalerl.resume_config import resume_config
+from scalerl.config.resume import resume_config
 from scalerl.trainer import loop
 
 SHORT = {"train.steps": 4, "checkpoint.every": 2}
@@ -26,10 +26,10 @@ def _stopped_before(stop_step, runs, name, **extra):
     """Train until a KeyboardInterrupt at the start of step `stop_step` (as an abort leaves a run)."""
     real_step = loop.train_step
 
-    def crash(rollout, learner, step):
+    def crash(rollout, learner, step, ctx):
         if step == stop_step:
             raise KeyboardInterrupt
-        return real_step(rollout, learner, step)
+        return real_step(rollout, learner, step, ctx)
 
     loop.train_step = crash
     try:

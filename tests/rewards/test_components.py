@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from scalerl.checks import check_config
+from scalerl.config.checks import check_config
 from scalerl.config import dump_config, load_config
 from scalerl.types import Completion, Task
 from scalerl.errors import ScaleRLError

@@ -26,7 +26,7 @@ from scalerl.types import SamplingParams, ScoredBatch, derive_seed
 from scalerl.rollout.hf import HFSampler
 from scalerl.rollout.multiturn import sample_episodes
 from scalerl.trainer import loop
-from scalerl.trainer.algorithm import outcome_token_rewards
+from scalerl.learner.algorithm import outcome_token_rewards
 
 TASKS = [Task("12*34=", "408"), Task("7*5=", "35"), Task("99*99=", "9801")]  # different lengths: left padding
 
@@ -232,7 +232,7 @@ def test_train_step_runs_multi_turn_episodes(runs, algorithm):
     config = load_config(overrides=overrides)
     rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
     rollout.env = EchoCalculator()  # every turn gets an observation, so the step trains on real two-turn episodes
-    metrics = loop.train_step(rollout, learner, 1)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
     assert len(rollout.env.calls) > 0 and all(len(c) == 1 for c in rollout.env.calls)
     assert math.isfinite(metrics["loss"]) and 0 < metrics["response_len"] <= 2 * config.rollout.max_new_tokens
 

@@ -123,29 +123,29 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
 def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
     """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
     from scalerl.distributed.context import DistContext
-    from scalerl.trainer import learner as learner_module
+    from scalerl.learner import learner as learner_module
 
     seen = []
     real = learner_module.rl_objective
     monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: seen.append(kw) or real(inputs, **kw))
     config = load_config(overrides=tiny_overrides(runs, "variant", **overrides))
     rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
-    metrics = loop.train_step(rollout, learner, 1)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
     assert seen and all(kw[k] == v for kw in seen for k, v in expected.items()), seen[0]
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["grad_norm"])
 
 
 def test_mask_truncated_completions_trains_on_no_token_of_a_cut_completion(runs, monkeypatch):
     from scalerl.distributed.context import DistContext
-    from scalerl.trainer import learner as learner_module
+    from scalerl.learner import learner as learner_module
 
     masks = []
     real = learner_module.rl_objective
     monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: masks.append(inputs.loss_mask) or real(inputs, **kw))
     config = load_config(overrides=tiny_overrides(runs, "cut", **{"algorithm.mask_truncated_completions": True, "rollout.max_new_tokens": 3}))
     rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
-    loop.train_step(rollout, learner, 1)
-    truncated = rollout.last_batch.rollout.truncated
+    batch, _ = loop.train_step(rollout, learner, 1, learner.ctx)
+    truncated = batch.rollout.truncated
     assert 0 < int(truncated.sum()) < len(truncated)  # 3 tokens: some sums end in time, some are cut
     [mask] = masks
     assert (mask[truncated] == 0).all() and (mask[~truncated].sum(1) > 0).all()

@@ -1,4 +1,4 @@
-"""rollout.mode=async (scalerl/trainer/async_rollout.py, async_producer.py): a real producer process over
+"""rollout.mode=async (scalerl/rollout/async_rollout.py, producer.py): a real producer process over
 a gloo pair link; the staleness bound by admission, resume without repeated or skipped prompts, learning."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from scalerl.distributed.pair_link import check_transport
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
-from scalerl.trainer.async_rollout import AsyncRollout, SpawnedProducer
+from scalerl.rollout.async_rollout import AsyncRollout, SpawnedProducer
 from scalerl.trainer.step import publish_weights
 
 ASYNC = {"rollout.mode": "async", "algorithm.tis_cap": 2.0, "rollout.producer_threads": 1}

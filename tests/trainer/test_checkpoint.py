@@ -65,11 +65,11 @@ def test_stopped_and_resumed_run_equals_uninterrupted_run_bitwise(runs, monkeypa
 
     real_step, calls = loop.train_step, {"n": 0}
 
-    def crash_at_step_5(rollout, learner, step):
+    def crash_at_step_5(rollout, learner, step, ctx):
         calls["n"] += 1
         if calls["n"] == 5:  # after the step-4 checkpoint, mid-way to the next
             raise KeyboardInterrupt
-        return real_step(rollout, learner, step)
+        return real_step(rollout, learner, step, ctx)
 
     monkeypatch.setattr(loop, "train_step", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):

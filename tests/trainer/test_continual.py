@@ -12,7 +12,7 @@ from conftest import run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
 from scalerl.monitor.events import read_events
-from scalerl.trainer.continual import STATE_FILE, Continual
+from scalerl.jobs.continual import STATE_FILE, Continual
 
 
 def _data(folder, name, seed, n=48):

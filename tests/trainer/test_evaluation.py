@@ -19,7 +19,7 @@ from scalerl.jsonl import read_metrics
 from scalerl.rollout.hf import HFSampler
 from scalerl.types import SamplingParams, derive_seed
 from scalerl.trainer import loop
-from scalerl.trainer.evaluation import pass_rate
+from scalerl.rollout.evaluation import pass_rate
 
 
 def _setup():

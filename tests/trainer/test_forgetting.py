@@ -11,7 +11,7 @@ from conftest import tiny_overrides
 from scalerl.algorithms.forgetting import ewc_gradient, ewc_penalty, sft_nll
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
-from scalerl.distributed.parallel import CompletionModel
+from scalerl.models.logprobs import CompletionModel
 from scalerl.errors import ScaleRLError
 from scalerl.trainer import loop
 

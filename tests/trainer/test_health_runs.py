@@ -18,7 +18,7 @@ from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import read_events
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
-from scalerl.trainer import learner as learner_module
+from scalerl.learner import learner as learner_module
 
 BUILD, STEP = loop.build_roles, loop.train_step
 
@@ -30,10 +30,10 @@ def _run(runs, name, monkeypatch, before_step=None, **extra):
     built = {}
     monkeypatch.setattr(loop, "build_roles", lambda *a, **k: built.setdefault("roles", BUILD(*a, **k)))
 
-    def stepping(rollout, learner, step):
+    def stepping(rollout, learner, step, ctx):
         if before_step is not None:
             before_step(learner, step)
-        return STEP(rollout, learner, step)
+        return STEP(rollout, learner, step, ctx)
 
     monkeypatch.setattr(loop, "train_step", stepping)
     summary = loop.train(config)

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from scalerl.config import OptimConfig
-from scalerl.trainer.optim import lr_factor
+from scalerl.learner.optim import lr_factor
 
 
 def test_warmup_then_constant():

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_overrides
-from scalerl.trainer.signals import GracefulStop
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop, setup
-from scalerl.trainer import learner as learner_module
+from scalerl.learner import learner as learner_module
 
 REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr", "entropy", "response_len", "tokens_per_s", "step_time_s"}
 
@@ -67,7 +66,7 @@ def test_beta_zero_never_builds_or_runs_a_reference_model(runs, monkeypatch):
     monkeypatch.setattr(setup, "build_reference", forbidden)
     rollout, learner = _build(runs, "beta0")
     assert learner.reference is None
-    metrics = loop.train_step(rollout, learner, 1)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
     assert metrics["kl"] is None and metrics["beta"] == 0.0
 
 
@@ -75,8 +74,8 @@ def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
     rollout, learner = _build(runs, "beta", **{"algorithm.kl.beta": 0.1, "optim.lr": 1e-3})
     assert learner.reference is not None and not any(p.requires_grad for p in learner.reference.parameters())
     before = [p.clone() for p in learner.reference.parameters()]
-    first = loop.train_step(rollout, learner, 1)
-    second = loop.train_step(rollout, learner, 2)
+    first = loop.train_step(rollout, learner, 1, learner.ctx)[1]
+    second = loop.train_step(rollout, learner, 2, learner.ctx)[1]
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference before the first update
     assert second["kl"] > 0.0  # after one update at lr 1e-3 they differ
     assert all(torch.equal(a, b) for a, b in zip(before, learner.reference.parameters()))
@@ -85,7 +84,7 @@ def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
 def _one_update(runs, name, **extra):
     torch.manual_seed(0)
     rollout, learner = _build(runs, name, **extra)
-    loop.train_step(rollout, learner, 1)
+    loop.train_step(rollout, learner, 1, learner.ctx)[1]
     return [p.detach().clone() for p in learner.policy.parameters()]
 
 
@@ -123,7 +122,7 @@ def test_optimizer_steps_are_epochs_times_mini_batches(runs, monkeypatch, epochs
 
     monkeypatch.setattr(learner.optimizer, "step", counting_step)
     monkeypatch.setattr(learner, "micro_step", counting_micro)
-    loop.train_step(rollout, learner, 1)
+    loop.train_step(rollout, learner, 1, learner.ctx)[1]
     batch, mini_size = 16, mini or 16
     assert rows_per_update == [mini_size] * (epochs * batch // mini_size)
     assert learner.state.updates == epochs * batch // mini_size
@@ -136,7 +135,7 @@ def test_lr_schedule_runs_per_update_with_warm_up_and_decay(runs, monkeypatch):
                                              "train.steps": 3, "train.epochs": 2})
     applied, real = [], learner.optimizer.step
     monkeypatch.setattr(learner.optimizer, "step", lambda *a, **k: applied.append(learner.optimizer.param_groups[0]["lr"]) or real(*a, **k))
-    logged = [loop.train_step(rollout, learner, step)["lr"] for step in (1, 2, 3)]
+    logged = [loop.train_step(rollout, learner, step, learner.ctx)[1]["lr"] for step in (1, 2, 3)]
     # 3 steps x 2 epochs = 6 updates: 0.1 x [1/2, 2/2 (warm-up), then linear 1 - k/3 for k = 0..3]
     assert applied == pytest.approx([0.05, 0.1, 0.1, 0.1 * 2 / 3, 0.1 / 3, 0.0])
     assert logged == pytest.approx([0.05, 0.1, 0.1 / 3])  # a step's `lr` is its first update's
@@ -243,7 +242,7 @@ def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
     monkeypatch.setattr(loop, "build_roles", lambda *a, **k: (rollout, learner, runs / "nan"))
     config = load_config(overrides=tiny_overrides(runs, "nan"))
     with pytest.raises(ScaleRLError, match="step 1: loss or gradient norm is not finite"):
-        loop._train(config, learner.ctx, False, False, GracefulStop())
+        loop.train(config)
     # the NaN gradient was never applied, and no checkpoint holds a poisoned model
     assert all(torch.equal(a, b) for a, b in zip(before, learner.policy.parameters()))
     assert not (runs / "nan" / "checkpoints").exists()
@@ -251,7 +250,7 @@ def test_nan_loss_stops_with_a_clear_error(runs, monkeypatch):
 
 def test_setup_rejects_fp8_without_an_h100():
     from scalerl.errors import ScaleRLError
-    from scalerl.plan import precision_policy
+    from scalerl.config.plan import precision_policy
     from scalerl.precision.apply import check_precision
 
     with pytest.raises(ScaleRLError, match="H100-class"):

@@ -128,7 +128,7 @@ class EWCState:
 
 
 class Forgetting:
-    """The learner's forgetting terms around each optimizer update (scalerl/trainer/learner.py):
+    """The learner's forgetting terms around each optimizer update (scalerl/learner/learner.py):
 
         before the micro-batches: the SFT anchor's rows, forward + backward of `sft_weight · sft_nll`
                                    (no gradient sync: the update's last micro-batch sums everything)

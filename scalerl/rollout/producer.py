@@ -33,7 +33,9 @@ from scalerl.distributed.context import DistContext, resolve_device
 from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout, check_transport
 from scalerl.models.loading import load_tokenizer
 from scalerl.precision.apply import autocast_context
-from scalerl.trainer.setup import build_policy, build_rollout, seed_everything, set_threads
+from scalerl.distributed.context import seed_everything, set_threads
+from scalerl.models.build import build_policy
+from scalerl.rollout.build import build_rollout
 from scalerl.types import derive_seed
 
 

@@ -62,7 +62,7 @@ def profile(config: Config, steps: int) -> list[TensorProfile]:
         learner.optimizer.step = measured_step
         try:
             for step in range(1, steps + 1):
-                train_step(rollout, learner, step)
+                train_step(rollout, learner, step, learner.ctx)
         finally:
             rollout.close()
     updates, changes = max(counts["updates"], 1), max(counts["changes"], 1)

@@ -1,8 +1,11 @@
 """Checks of what a config names outside itself, before anything heavy loads: the environment's
 own options, local model folders (config, weights, tokenizer files, context length), reward
-functions and models, the run folder and the metrics address. `config.py` validates the schema
-alone and imports nothing of the project; these checks need the environments, models and rewards,
-so they live here (the CLI and `train()` call them)."""
+functions and models, the run folder and the metrics address. The rest of scalerl/config/ validates
+the schema alone and imports nothing of the project; these checks need the environments, models and rewards,
+so they live here (the CLI and `train()` call them, once per config object: `check_once`).
+
+It is the one module of scalerl/config/ that imports components; none of them imports it.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +47,14 @@ def check_config(config: Config) -> Config:
             check_weights(folder, field)
             check_tokenizer_files(folder, field)
     check_reward_sources(config)
+    config._checked = id(config)
     return config
+
+
+def check_once(config: Config) -> Config:
+    """`check_config`, unless this config object passed it already (the CLI checks before it trains; a
+    config built in Python is checked when training starts)."""
+    return config if config._checked == id(config) else check_config(config)
 
 
 def check_tokenizer_files(folder: str, field: str) -> None:

@@ -1,15 +1,14 @@
 """`rollout.mode: async`: the learner's side of an asynchronous run (PipelineRL-k).
 
-    learner process                                   producer process (async_producer.py)
+    learner process                                   producer process (producer.py)   
     ───────────────                                   ────────────────────────────────────
     produce(s)   ← batch s + the producer's state ←   samples batch s with weights v >= s − 1 − k
     learn(batch s)                                    samples batch s + 1, s + 2, … (admission)
     sync_weights → weights v = s, version →           takes the newest weights between batches
 
-`AsyncRollout` stands where the `RolloutWorker` stands in the loop (produce, sync_weights,
-state_dict, load_state_dict, close); the evaluation and the health monitor keep using a local
-RolloutWorker over the learner's own modules (`local`), so held-out scores are of the learner's
-newest weights. Batches and weights move over a pair link (scalerl/distributed/pair_link.py): gloo, and
+`AsyncRollout` implements the same `RolloutSide` interface as the `RolloutWorker`
+(scalerl/rollout/base.py); its evaluation runs on a local RolloutWorker over the learner's own
+modules (`local`), so held-out scores are of the learner's newest weights. Batches and weights move over a pair link (scalerl/distributed/pair_link.py): gloo, and
 for the weights `rollout.weight_transport` (gloo, or NCCL between two GPUs).
 
 Weights change between batches, not between the tokens of one generation: every row of a batch was
@@ -36,13 +35,13 @@ from scalerl.config import Config
 from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout
 from scalerl.errors import ScaleRLError
 from scalerl.rollout.worker import RolloutWorker
-from scalerl.trainer.async_producer import ProducerSpec, producer_main
+from scalerl.rollout.producer import ProducerSpec, producer_main
 from scalerl.types import ScoredBatch
 
 
 class ProducerProcess(Protocol):
     """Where the producer runs: a process of this machine (`SpawnedProducer`) or a Ray actor
-    (scalerl/trainer/ray_producer.py, `scalerl launch --ray`). `host` is the address the producer
+    (scalerl/rollout/ray_producer.py, `scalerl launch --ray`). `host` is the address the producer
     reaches the learner's store at."""
 
     host: str
@@ -111,7 +110,6 @@ class AsyncRollout:
     """The rollout side as the learner sees it in async mode: batches come from a producer process."""
 
     shares_weights = False  # the producer holds its own copy: publish_weights hands over state dicts
-    replay = None
 
     def __init__(self, local: RolloutWorker, config: Config, run_dir: Path, producer: ProducerProcess | None = None):
         if local.ctx.active:
@@ -126,16 +124,6 @@ class AsyncRollout:
         self.link, self.layout = None, None
         self.start_step, self.taken = 0, 0  # the producer's first step − 1; batches received since
         self.staleness_max = 0
-
-    # what evaluation, checkpoints and the health monitor read: the local worker's
-    env = property(lambda self: self.local.env)
-    sampler = property(lambda self: self.local.sampler)
-    tokenizer = property(lambda self: self.local.tokenizer)
-    rewards = property(lambda self: self.local.rewards)
-    ctx = property(lambda self: self.local.ctx)
-    encode = property(lambda self: self.local.encode)
-    seed = property(lambda self: self.local.seed)
-    last_batch = property(lambda self: self.local.last_batch)
 
     @property
     def version(self) -> int:
@@ -189,7 +177,6 @@ class AsyncRollout:
         staleness = self._version - batch.policy_version
         self.staleness_max = max(self.staleness_max, staleness)
         batch.metrics["staleness_max"] = float(self.staleness_max)  # over the run so far; `staleness` is this batch's
-        self.local.last_batch = batch
         return batch
 
     def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
@@ -201,6 +188,16 @@ class AsyncRollout:
                 self.link.send_weights(self.layout, weights, version)
             except RuntimeError as err:
                 self._fail(err)
+
+    def evaluate(self, step: int) -> float:
+        """On the local worker, which runs the learner's own modules: the newest weights, not the producer's."""
+        return self.local.evaluate(step)
+
+    def save_files(self, folder: Path, rank: int) -> None:
+        """Nothing: the producer's state travels with each batch (`state_dict`); replay runs synchronously only."""
+
+    def load_files(self, folder: Path, rank: int) -> None:
+        """Nothing (see `save_files`)."""
 
     def state_dict(self) -> dict:
         return {**self.state, "policy_version": self._version}

@@ -14,12 +14,12 @@ something: {"resumed_at_step", "changes": {key: [old, new]}}.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from scalerl.config import Config, dump_config, load_config, parse_override, read_yaml_mapping
 from scalerl.errors import ScaleRLError
+from scalerl.files import write_atomically
 
 FIXED = ("model.", "env.", "algorithm.name", "algorithm.critic", "rollout.prompts_per_step", "rollout.group_size",
          "train.mini_batch_size", "train.epochs", "train.seed", "preset")
@@ -85,11 +85,7 @@ def record_resumed_config(config: Config, run_dir: Path, step: int) -> dict[str,
     if not changes:
         return changes
     print("resume changes the run's config: " + ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()))
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(dump_config(config))
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, run_dir / "config.yaml")
+    write_atomically(run_dir / "config.yaml", dump_config(config))
     with open(run_dir / CHANGES_FILE, "a") as f:
         f.write(json.dumps({"resumed_at_step": step, "changes": changes}) + "\n")
     return changes

@@ -7,7 +7,7 @@ import math
 import torch
 
 from scalerl.config import OptimConfig
-from scalerl.plan import PrecisionPolicy
+from scalerl.config.plan import PrecisionPolicy
 from scalerl.precision.apply import build_adamw
 
 

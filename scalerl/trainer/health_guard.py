@@ -1,19 +1,8 @@
-"""What the trainer does about health events (`scalerl/monitor/health.py` finds them):
-
-- kl_explosion: β × kl.beta_factor (on top of any schedule, `KLController.boost`) and every later
-  learning rate × kl.lr_factor (`Learner.scale_lr`), kept for the rest of the run in the learner's
-  state, which checkpoints save.
-- nonfinite: the update was already skipped (`Learner.apply_update`); restore the last in-memory
-  snapshot of model and optimizer (and hand the restored weights to the rollout side), turn
-  gradient clipping on at 1.0 if it was off (learner state; the config stays as written), and stop
-  with a one-line error after nonfinite.max_consecutive such steps in a row.
-- reward_collapse: dump the step's prompts, completions and rewards to collapse/step_N.jsonl.
-
-The snapshot is a CPU copy of the policy (and critic) weights and the optimizer state, taken
-every nonfinite.snapshot_every good steps: with AdamW about 3 × the fp32 parameter bytes of host
-RAM (12 MB for the 1M-parameter built-in model, ~84 GB for a 7B model: set snapshot_every: 0
-there, which keeps only the skip). The lr schedule, β and the data position are not rolled back.
-"""
+"""The health guard: after every step it runs the health rules (scalerl/monitor/health.py), logs the
+events (events.jsonl, the console, a webhook), hands the learner the events it responds to
+(`LearnerSide.respond`: scalerl/learner/recovery.py), keeps the learner's in-memory restore point
+fresh, and stops the run with a one-line error after nonfinite.max_consecutive non-finite steps in a
+row. reward_collapse: the step's prompts, completions and rewards go to collapse/step_N.jsonl."""
 
 from __future__ import annotations
 
@@ -26,14 +15,13 @@ import torch
 from rich.markup import escape
 
 from scalerl.config import HealthConfig
+from scalerl.distributed.context import DistContext
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import Event, EventLog
 from scalerl.monitor.health import HealthMonitor, scaler_overflow
 from scalerl.jsonl import read_metrics
+from scalerl.learner.learner import LearnerSide
 from scalerl.types import ScoredBatch
-from scalerl.rollout.worker import RolloutWorker
-from scalerl.trainer.learner import Learner
-from scalerl.trainer.step import publish_weights
 
 
 def dump_samples(batch: ScoredBatch, run_dir: Path, step: int) -> str:
@@ -49,10 +37,12 @@ def dump_samples(batch: ScoredBatch, run_dir: Path, step: int) -> str:
 class HealthGuard:
     """Runs the health rules after every step, applies the responses and logs the events."""
 
-    def __init__(self, cfg: HealthConfig, rollout: RolloutWorker, learner: Learner, run_dir: Path, printer: Callable[[str], None], *,
-                 resume_after: int | None = None, pass_rate_before: float | None = None, monitor_state: dict[str, Any] | None = None):
-        self.cfg, self.rollout, self.learner, self.run_dir, ctx = cfg, rollout, learner, run_dir, learner.ctx
-        self.monitor = HealthMonitor(cfg, completions_per_step=learner.plan.batch_size * ctx.world_size)
+    def __init__(self, cfg: HealthConfig, learner: LearnerSide, ctx: DistContext, run_dir: Path, printer: Callable[[str], None], *,
+                 completions_per_step: int, publish: Callable[[], None] = lambda: None, resume_after: int | None = None,
+                 pass_rate_before: float | None = None, monitor_state: dict[str, Any] | None = None):
+        """`completions_per_step`: over all ranks; `publish`: hand the learner's weights to the rollout side (after a restore)."""
+        self.cfg, self.learner, self.ctx, self.run_dir, self.publish = cfg, learner, ctx, run_dir, publish
+        self.monitor = HealthMonitor(cfg, completions_per_step=completions_per_step)
         self.log = EventLog(run_dir, write=ctx.is_main, printer=lambda m: printer(escape(m)),
                             webhook_url=self.cfg.webhook_url, webhook_timeout_s=self.cfg.webhook_timeout_s,
                             resume_after=resume_after)
@@ -64,17 +54,17 @@ class HealthGuard:
             for row in read_metrics(run_dir):
                 if row["step"] <= resume_after and row["loss"] is not None and row["grad_norm"] is not None:
                     self.monitor.observe(row["step"], row)
-        keep = self.cfg.enabled and self.cfg.nonfinite.enabled and self.cfg.nonfinite.snapshot_every
-        self.snapshot = learner.snapshot() if keep else None
-        self.snapshot_step = resume_after or 0
+        if self.cfg.enabled and self.cfg.nonfinite.enabled and self.cfg.nonfinite.snapshot_every:
+            learner.restore_point(resume_after or 0)
 
     def state_dict(self) -> dict[str, Any]:
         return self.monitor.state_dict()
 
-    def check(self, step: int, metrics: dict[str, Any]) -> dict[str, float]:
-        """Evaluate the rules on the step's metrics, respond, log; returns the `health/*` metrics.
-        Raises ScaleRLError after too many non-finite steps in a row (or the first, when disabled)."""
-        cfg, ctx = self.cfg, self.learner.ctx
+    def check(self, step: int, metrics: dict[str, Any], batch: ScoredBatch | None = None) -> dict[str, float]:
+        """Evaluate the rules on the step's metrics, respond, log; returns the `health/*` metrics. `batch`: the
+        step's, dumped on a reward collapse. Raises ScaleRLError after too many non-finite steps in a row (or the
+        first, when disabled)."""
+        cfg, ctx = self.cfg, self.ctx
         finite = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")) or scaler_overflow(metrics)
         if not cfg.enabled or (not finite and not cfg.nonfinite.enabled):
             if not finite:  # the bad update was not applied
@@ -87,12 +77,10 @@ class HealthGuard:
         mean_loss, mean_kl = (ctx.sum(torch.tensor(local, dtype=torch.float64)) / ctx.world_size).tolist()
         judged = {**metrics, "loss": mean_loss, kl_key: mean_kl if metrics.get(kl_key) is not None else None}
         for event in self.monitor.evaluate(step, judged):
-            if event.rule == "kl_explosion":
-                self._cool_kl(step, event)
-            elif event.rule == "nonfinite":
-                self._recover(step, event)
-            elif event.rule == "reward_collapse" and self.rollout.last_batch is not None:
-                event.values["dump"] = dump_samples(self.rollout.last_batch, self.run_dir, step) if ctx.is_main else None
+            if self.learner.respond(event):  # kl_explosion, nonfinite (scalerl/learner/recovery.py)
+                self.publish()
+            if event.rule == "reward_collapse" and batch is not None:
+                event.values["dump"] = dump_samples(batch, self.run_dir, step) if ctx.is_main else None
                 event.action = f"dumped the step's batch to {event.values['dump']}"
             self.log.emit(event)
             if event.rule == "nonfinite" and self.monitor.nonfinite_streak >= cfg.nonfinite.max_consecutive:
@@ -100,7 +88,7 @@ class HealthGuard:
                                    f"{self.monitor.nonfinite_streak} steps in a row (to step {step}); lower optim.lr or keep optim.max_grad_norm set")
         every = cfg.nonfinite.snapshot_every
         if finite and every and step % every == 0:
-            self.snapshot, self.snapshot_step = self.learner.snapshot(), step
+            self.learner.restore_point(step)
         return self.log.metrics()
 
     def check_pass_rate(self, step: int, pass_rate: float) -> dict[str, float]:
@@ -109,31 +97,6 @@ class HealthGuard:
             for event in self.monitor.evaluate_pass_rate(step, pass_rate):
                 self.log.emit(event)
         return self.log.metrics()
-
-    def _cool_kl(self, step: int, event: Event) -> None:
-        learner, kl = self.learner, self.cfg.kl
-        beta_old = learner.kl_ctl.beta_at(step + 1)
-        learner.kl_ctl.boost(kl.beta_factor, kl.min_beta)
-        beta_new = learner.kl_ctl.beta_at(step + 1)
-        lr_old, lr_new = learner.scale_lr(kl.lr_factor)
-        event.values.update(beta_old=beta_old, beta_new=beta_new, lr_old=lr_old, lr_new=lr_new)
-        event.action = (f"beta {beta_old:.4g} -> {beta_new:.4g} (x{kl.beta_factor:g}, floor {kl.min_beta:g}), "
-                        f"lr {lr_old:.3g} -> {lr_new:.3g} (x{kl.lr_factor:g}) from the next step on")
-
-    def _recover(self, step: int, event: Event) -> None:
-        learner, rollout = self.learner, self.rollout
-        actions = ["skipped the update"]
-        if self.snapshot is not None:
-            learner.restore(self.snapshot)
-            publish_weights(rollout, learner)
-            actions.append(f"restored the model and optimizer of step {self.snapshot_step}")
-        event.values["restored_step"] = self.snapshot_step if self.snapshot is not None else None
-        if learner.state.max_grad_norm is None:
-            learner.state.max_grad_norm = 1.0
-            actions.append("turned gradient clipping on (optim.max_grad_norm = 1.0)")
-        event.values.update(precision=learner.precision.mode, max_grad_norm=learner.state.max_grad_norm)
-        event.message += f"; precision {learner.precision.mode}"
-        event.action = "; ".join(actions)
 
     def finish(self, step: int) -> dict[str, Any]:
         """The phase verdict (an info event, printed) for summary.json: phase_verdict and phase_stats."""

@@ -1,38 +1,24 @@
-"""The typed run configuration: the single source of truth for every job.
+"""The sections of the run configuration: every setting with its type, bounds and description.
 
 YAML files hold sparse overrides of these defaults; `--set key.sub=value` overrides on the command
 line; the resolved config is written into the run directory. Unknown keys and wrong types are
-rejected when the config is built, naming the key. Help text lives on the fields.
+rejected when the config is built, naming the key. Help text lives on the fields. The root that
+holds the sections, `Config`, is in scalerl/config/root.py.
 
 No torch import here, so `scalerl --help` and `--dry-run` stay instant.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
-
-from scalerl.errors import ScaleRLError
-from scalerl.plan import BatchPlan, PrecisionPolicy, batch_plan, precision_policy
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class _Section(BaseModel):
     # Frozen: the config is read, never written, once built; what changes during a run (a health
-    # response's lr cut or clipping) is the learner's state (scalerl/trainer/learner.py).
+    # response's lr cut or clipping) is the learner's state (scalerl/learner/learner.py).
     # allow_inf_nan=False: no float setting means anything at inf or nan (`optim.lr=.inf` is a typo).
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
@@ -96,7 +82,7 @@ class RolloutConfig(_Section):
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
     max_turns: int = Field(1, ge=1, description="Policy turns per episode for a multi-turn environment (one with a step method); max_new_tokens bounds each turn.")
     mode: Literal["sync", "async"] = Field("sync", description="sync: sample, then learn, in turn; async: a producer process samples "
-                                           "with the newest weights it has while the learner learns (PipelineRL-k, scalerl/trainer/async_rollout.py).")
+                                           "with the newest weights it has while the learner learns (PipelineRL-k, scalerl/rollout/async_rollout.py).")
     max_staleness: int = Field(1, ge=0, description="async: the producer never samples a step's batch with weights more than this many "
                                                     "versions behind the learner that learns it (it waits instead); 0 is synchronous.")
     producer_threads: int | None = Field(None, ge=1, description="async: torch threads of the producer process (default: half the cores, "
@@ -192,6 +178,11 @@ class PPOConfig(_Clipped):
 
 
 AlgorithmConfig = Annotated[Union[GRPOConfig, CISPOConfig, RLOOConfig, ReinforcePPConfig, PPOConfig], Field(discriminator="name")]
+
+# The union's members by their tag, algorithm.name.
+ALGORITHMS: dict[str, type[BaseModel]] = {
+    "grpo": GRPOConfig, "cispo": CISPOConfig, "rloo": RLOOConfig, "reinforce_pp": ReinforcePPConfig, "ppo": PPOConfig,
+}
 
 
 class RewardComponentConfig(_Section):
@@ -307,7 +298,7 @@ class TrainConfig(_Section):
 
 
 class PrecisionConfig(_Section):
-    """Memory and precision modes (the table in scalerl/plan.py's PrecisionPolicy)."""
+    """Memory and precision modes (the table in scalerl/config/plan.py's PrecisionPolicy)."""
 
     mode: Literal["fp32", "standard", "aggressive", "compressed"] = Field(
         "fp32", description="fp32; standard: bf16 compute, fp32 master weights; aggressive: fp8 matmuls, bf16 weights and moments; "
@@ -324,9 +315,6 @@ class PrecisionConfig(_Section):
                                              "loss scaling: the loss times a scale before backward, overflowing steps skipped, "
                                              "the scale halved on overflow and doubled after 2000 clean updates.")
 
-
-# The older spelling `train.precision` of precision.mode.
-LEGACY_PRECISION = {"fp32": "fp32", "bf16": "standard", "fp8": "aggressive"}
 
 
 class EvalConfig(_Section):
@@ -388,7 +376,7 @@ class ParallelConfig(_Section):
 
 
 class ForgettingConfig(_Section):
-    """Keeping what the policy knew (source 000 §5.2; scalerl/trainer/forgetting.py): an SFT anchor and EWC."""
+    """Keeping what the policy knew (source 000 §5.2; scalerl/learner/forgetting.py): an SFT anchor and EWC."""
 
     data: Path | None = Field(None, description="Anchor data of the earlier task: a JSONL file of {prompt, response} rows (prompt: text or "
                                                 "{role, content} messages, chat-templated as env.chat_template; TRL's 'completion' is read as "
@@ -427,7 +415,7 @@ class ReplayConfig(_Section):
 
 
 class ContinualConfig(_Section):
-    """`scalerl continual` (scalerl/trainer/continual.py): new data → online evaluation → incremental RL → validation."""
+    """`scalerl continual` (scalerl/jobs/continual.py): new data → online evaluation → incremental RL → validation."""
 
     data_arg: str = Field("train_file", description="The env.args key each new data file is given as (arithmetic: train_file; math: data_path).")
     steps_per_batch: int = Field(50, ge=1, description="Training steps on each new data file.")
@@ -567,393 +555,3 @@ class HealthConfig(_Section):
     pass_rate_drop: HealthPassRateDropConfig = Field(default_factory=HealthPassRateDropConfig)
     phase: HealthPhaseConfig = Field(default_factory=HealthPhaseConfig)
     no_signal: HealthNoSignalConfig = Field(default_factory=HealthNoSignalConfig)
-
-
-ALGORITHMS: dict[str, type[BaseModel]] = {
-    "grpo": GRPOConfig, "cispo": CISPOConfig, "rloo": RLOOConfig, "reinforce_pp": ReinforcePPConfig, "ppo": PPOConfig,
-}
-
-# The ScaleRL recipe (Khatri et al., "The Art of Scaling Reinforcement Learning Compute for LLMs",
-# 2025, §3-4): CISPO, prompt-level loss aggregation, batch-level advantage normalisation, zero-
-# variance filtering, no-positive-resampling (pass rate >= 0.9), FP32 logits at the LM head, and a
-# cap on the off-policy importance weight. Keys the user sets win over these.
-PRESETS: dict[str, dict[str, Any]] = {
-    "scalerl": {
-        "algorithm": {"name": "cispo", "loss_agg": "prompt", "scale_rewards": "batch", "zero_variance_filter": True,
-                      "retire_pass_rate": 0.9, "tis_cap": 2.0},
-        "model": {"fp32_lm_head": True},
-    },
-}
-
-
-# The source's table of cluster sizes (000 §4.1): tokens per global batch, gradient accumulation
-# (micro-batches per optimizer update) and how the ranks synchronise.
-CLUSTER_PRESETS: dict[str, dict[str, Any]] = {
-    "1-4": {"tokens": 2_000_000, "accumulation": 8, "strategy": "ddp"},  # full synchronisation
-    "4-8": {"tokens": 1_000_000, "accumulation": 16, "strategy": "dynamic"},  # layered: the default param_groups
-    "8+": {"tokens": 500_000, "accumulation": 32, "strategy": "dynamic"},  # grouped (the all-reduces are not overlapped yet)
-}
-
-
-def cluster_nodes(environ: Mapping[str, str]) -> int:
-    """Nodes of a torchrun job: WORLD_SIZE / LOCAL_WORLD_SIZE (1 outside torchrun)."""
-    world, local = int(environ.get("WORLD_SIZE", "1")), int(environ.get("LOCAL_WORLD_SIZE", environ.get("WORLD_SIZE", "1")))
-    return max(1, world // max(local, 1))
-
-
-def cluster_values(preset: str, data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    """The keys `cluster_preset` sets: rollout.prompts_per_step (per rank) so that the global batch holds about
-    the preset's tokens, counted as completions x rollout.max_new_tokens (generated tokens, an upper bound);
-    train.micro_batch_size so that an update accumulates the preset's micro-batches; parallel.strategy."""
-    if preset == "auto":
-        nodes = cluster_nodes(environ)
-        preset = "1-4" if nodes <= 4 else "4-8" if nodes <= 8 else "8+"
-    chosen = CLUSTER_PRESETS[preset]
-    rollout = data.get("rollout") if isinstance(data.get("rollout"), dict) else {}
-    fields = RolloutConfig.model_fields
-    group = int(rollout.get("group_size", fields["group_size"].default))
-    new_tokens = int(rollout.get("max_new_tokens", fields["max_new_tokens"].default))
-    world, accumulation = int(environ.get("WORLD_SIZE", "1")), chosen["accumulation"]
-    prompts = max(1, math.ceil(chosen["tokens"] / (world * group * new_tokens)))
-    step = accumulation // math.gcd(accumulation, group)  # prompts x group divisible by the accumulation
-    prompts = int(rollout.get("prompts_per_step", math.ceil(prompts / step) * step))  # yours wins, and sets the micro-batch
-    return {"rollout": {"prompts_per_step": prompts}, "train": {"micro_batch_size": prompts * group // accumulation},
-            "parallel": {"strategy": chosen["strategy"]}}
-
-
-def _group_relative(algo: BaseModel) -> bool:
-    """Whether the advantages are relative to the prompt's own group (0 for a group of one)."""
-    return algo.name in ("grpo", "cispo", "rloo") or (algo.name == "reinforce_pp" and algo.baseline == "group")
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in over.items():
-        merged[key] = _merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict) else value
-    return merged
-
-
-class Config(_Section):
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    preset: Literal["scalerl"] | None = Field(None, description="scalerl: the ScaleRL recipe's defaults (see PRESETS); your own keys still win.")
-    cluster_preset: Literal["none", "auto", "1-4", "4-8", "8+"] = Field(
-        "none", description="The source's batch and sync per cluster size (CLUSTER_PRESETS; auto: nodes from torchrun's WORLD_SIZE / "
-                            "LOCAL_WORLD_SIZE): sets rollout.prompts_per_step, train.micro_batch_size and parallel.strategy; your own keys still win.")
-    algorithm: AlgorithmConfig = Field(default_factory=GRPOConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    optim: OptimConfig = Field(default_factory=OptimConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
-    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    forgetting: ForgettingConfig = Field(default_factory=ForgettingConfig)
-    replay: ReplayConfig = Field(default_factory=ReplayConfig)
-    continual: ContinualConfig = Field(default_factory=ContinualConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
-    health: HealthConfig = Field(default_factory=HealthConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _top_level_reward_keys(cls, data: Any) -> Any:
-        """The source documents' spelling: top-level `reward_components` and `fusion_method`."""
-        moved = {"reward_components": "components", "fusion_method": "fusion"}
-        if not isinstance(data, dict) or not any(k in data for k in moved) or not isinstance(data.get("reward", {}), dict):
-            return data
-        data, reward = dict(data), dict(data.get("reward") or {})
-        for top, key in moved.items():
-            if top in data:
-                if key in reward:
-                    raise ValueError(f"{top} and reward.{key} are the same setting; give only one")
-                reward[key] = data.pop(top)
-        return {**data, "reward": reward}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_precision(cls, data: Any) -> Any:
-        """`train.precision: fp32 | bf16 | fp8` (older configs and runs) is precision.mode fp32 | standard | aggressive."""
-        if not isinstance(data, dict) or not isinstance(data.get("train"), dict) or "precision" not in data["train"]:
-            return data
-        train = dict(data["train"])
-        old = train.pop("precision")
-        if old not in LEGACY_PRECISION:
-            raise ValueError(f"train.precision={old!r}: use precision.mode (fp32, standard, aggressive or compressed)")
-        precision = dict(data.get("precision") or {})
-        if precision.setdefault("mode", LEGACY_PRECISION[old]) != LEGACY_PRECISION[old]:
-            raise ValueError(f"train.precision={old} and precision.mode={precision['mode']} disagree; give only precision.mode")
-        return {**data, "train": train, "precision": precision}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _compressed_checkpoints(cls, data: Any) -> Any:
-        """precision.mode=compressed recomputes activations in backward unless model.gradient_checkpointing says
-        otherwise: its 8-bit states are a minor part of the memory once completions are long (bench/precision_modes.py)."""
-        if not isinstance(data, dict):
-            return data
-        precision, train = data.get("precision"), data.get("train")
-        mode = precision.get("mode") if isinstance(precision, dict) else None
-        if mode is None and isinstance(train, dict):
-            mode = LEGACY_PRECISION.get(train.get("precision"))
-        model = data.get("model")
-        if mode != "compressed" or (isinstance(model, dict) and "gradient_checkpointing" in model) or (model is not None and not isinstance(model, dict)):
-            return data
-        return {**data, "model": {**(model or {}), "gradient_checkpointing": True}}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_cluster_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("cluster_preset") in (None, "none") or data["cluster_preset"] not in (*CLUSTER_PRESETS, "auto"):
-            return data  # an unknown name is the schema's to report
-        return _merge(cluster_values(data["cluster_preset"], data, os.environ), data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        name = data.get("preset")
-        known = isinstance(name, str) and name in PRESETS  # anything else is the schema's to report, naming `preset`
-        if isinstance(data.get("algorithm"), dict) and "name" not in data["algorithm"] and not known:
-            data = {**data, "algorithm": {"name": "grpo", **data["algorithm"]}}  # the union's default member
-        if not known or not isinstance(data.get("algorithm") or {}, dict):  # not a section: the schema reports `algorithm`
-            return data
-        preset = PRESETS[name]
-        wanted = (data.get("algorithm") or {}).get("name", preset["algorithm"]["name"])
-        if wanted != preset["algorithm"]["name"]:
-            raise ValueError(f"preset {name} uses algorithm.name={preset['algorithm']['name']}; drop algorithm.name={wanted} or the preset")
-        return _merge(preset, data)
-
-    _plan: BatchPlan = PrivateAttr()
-    _precision: PrecisionPolicy = PrivateAttr()
-
-    @model_validator(mode="after")
-    def _derive(self) -> "Config":
-        """Derive once, when the config is built: every consumer reads these, none re-derives them."""
-        self._plan = batch_plan(prompts=self.rollout.prompts_per_step, group_size=self.rollout.group_size,
-                                mini_batch_size=self.train.mini_batch_size, micro_batch_size=self.train.micro_batch_size,
-                                epochs=self.train.epochs, steps=self.train.steps)
-        pr = self.precision
-        self._precision = precision_policy(pr.mode, fp8=pr.fp8, error_feedback=pr.error_feedback, reference_8bit=pr.reference_8bit,
-                                           fp32_lm_head=self.model.fp32_lm_head, compute=pr.compute, fp32_residual=pr.fp32_residual)
-        return self
-
-    @model_validator(mode="after")
-    def _check_objective(self) -> "Config":
-        if self.algorithm.loss_agg == "prompt" and self._plan.micro_batch_size % self.rollout.group_size:
-            source = "" if self.train.micro_batch_size else (", from train.mini_batch_size" if self.train.mini_batch_size else ", the batch")
-            raise ValueError(f"algorithm.loss_agg=prompt needs train.micro_batch_size ({self._plan.micro_batch_size}{source}) to be a "
-                             f"multiple of rollout.group_size ({self.rollout.group_size}), so that no prompt's group is split")
-        if self.algorithm.kl.in_reward and self.algorithm.name != "ppo":
-            raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
-        if self.model.lora.enabled and self.parallel.strategy == "fsdp2":
-            raise ValueError("model.lora with parallel.strategy=fsdp2 is not supported yet; use parallel.strategy=ddp (the adapters are small)")
-        if self.replay.kind != "none" and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
-            raise ValueError("replay needs an off-policy correction for the replayed rows: set algorithm.tis_cap (e.g. 2.0, truncated "
-                             "importance sampling against their sampler log-probs) or algorithm.off_policy_mask")
-        if self.replay.kind != "none" and self.rollout.max_turns > 1:
-            raise ValueError("replay with rollout.max_turns > 1 is not supported yet (replay stores single-turn groups); set replay.kind=none")
-        if self.rollout.mode == "async":
-            self._check_async()
-        if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
-            raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
-                             "weights); use parallel.strategy=ddp or dynamic")
-        if self.optim.offload and self.parallel.strategy == "fsdp2":
-            raise ValueError("optim.offload with parallel.strategy=fsdp2 is not supported yet (its parameters are shards; FSDP2's own "
-                             "CPUOffloadPolicy is not wired); use parallel.strategy=ddp or dynamic")
-        if self.optim.offload and not self._precision.fused_adamw:
-            raise ValueError(f"optim.offload steps float32 AdamW on the host: precision.mode fp32 or standard, not {self.precision.mode} "
-                             "(its 8-bit or bf16 moments are already a quarter or half of fp32's)")
-        if self.model.lora.enabled and self.precision.mode == "aggressive":
-            raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
-                             "use precision.mode standard or compressed")
-        if self.rollout.group_size == 1 and _group_relative(self.algorithm):
-            raise ValueError(f"rollout.group_size=1 with algorithm.name={self.algorithm.name}: each completion's baseline is its own "
-                             "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "
-                             "or reinforce_pp with baseline=batch")
-        return self
-
-    def _check_async(self) -> None:
-        if self.rollout.max_staleness > 0 and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
-            raise ValueError("rollout.mode=async samples with weights up to rollout.max_staleness versions old: set algorithm.tis_cap (e.g. "
-                             "2.0, truncated importance sampling against the sampler's log-probs) or algorithm.off_policy_mask, or "
-                             "rollout.max_staleness=0")
-        if self.replay.kind != "none":
-            raise ValueError("rollout.mode=async with replay is not supported yet (the buffer would live in the producer process); "
-                             "set replay.kind=none or rollout.mode=sync")
-
-    @property
-    def plan(self) -> BatchPlan:
-        """Batch sizes and updates per step (scalerl/plan.py)."""
-        return self._plan
-
-    @property
-    def precision_policy(self) -> PrecisionPolicy:
-        """What weights, states and matmuls are stored and run in (scalerl/plan.py)."""
-        return self._precision
-
-    @property
-    def batch_size(self) -> int:
-        """Completions sampled per step and process."""
-        return self._plan.batch_size
-
-
-def _location(loc: tuple) -> tuple:
-    """The user's dotted path: without pydantic's validator names and the algorithm union's tag."""
-    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before"))]
-    if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHMS:
-        parts.pop(1)
-    return tuple(parts)
-
-
-_NAMES_A_KEY = re.compile(r"^[a-z_]+\.[a-z_.]+[=: ]")
-
-
-def _shown(value: Any) -> str:
-    """A user's value in a one-line message: its repr, cut short."""
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _format_error(err: ValidationError) -> str:
-    """The first error, on one line, naming the dotted key."""
-    return " ".join(_first_error(err).splitlines())
-
-
-def _first_error(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = _location(first["loc"])
-    where = ".".join(str(p) for p in loc)
-    msg = first["msg"].removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        parent = _section_at(first["loc"][:-1])
-        where = ".".join(str(p) for p in loc)
-        allowed = ", ".join(parent.model_fields) if parent else ""
-        return f"{where}: unknown key; allowed here: {allowed}"
-    if first["type"] == "literal_error":
-        return f"{where}: {msg} (got {_shown(first['input'])})"
-    if not where and _NAMES_A_KEY.match(msg):  # a cross-field check whose message starts with the key at fault
-        return msg
-    return f"{where or 'config'}: {msg}" + (f" (got {_shown(first['input'])})" if where and "input" in first and not isinstance(first["input"], dict) else "")
-
-
-def _section_at(loc: tuple) -> type[BaseModel] | None:
-    cls: type[BaseModel] = Config
-    for key in loc:
-        if cls is Config and key in ALGORITHMS:  # the union's tag, right after "algorithm"
-            cls = ALGORITHMS[key]
-            continue
-        if key == "algorithm" and cls is Config:
-            continue
-        if isinstance(key, int):  # an item of a list of sections, e.g. reward.components.0
-            continue
-        field = cls.model_fields.get(str(key))
-        annotation = field.annotation if field is not None else None
-        if get_origin(annotation) is list:
-            annotation = get_args(annotation)[0]
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return None
-        cls = annotation
-    return cls
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for key in keys[:-1]:
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ScaleRLError(f"--set {dotted}: '{key}' is a value, not a section")
-    node[keys[-1]] = value
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """`key.sub=value` with the value parsed as YAML (so 1e-4, true, [1, 2] and null work)."""
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise ScaleRLError(f"--set {item!r}: expected key.sub=value, e.g. --set optim.lr=3e-5")
-    try:
-        value = yaml.safe_load(raw) if raw else ""
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    return key.strip(), value
-
-
-def _holds_text(schema: type[BaseModel], dotted: str) -> bool:
-    """Whether the setting at `dotted` is text (str or Path, possibly null) in `schema`."""
-    *sections, leaf = dotted.split(".")
-    for key in sections:
-        field = schema.model_fields.get(key)
-        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
-            return False
-        schema = field.annotation
-    field = schema.model_fields.get(leaf)
-    kinds = set(get_args(field.annotation) or (field.annotation,)) if field is not None else set()
-    return bool(kinds & {str, Path}) and kinds <= {str, Path, type(None)}
-
-
-def _typed_override(item: str, schema: type[BaseModel] | None) -> tuple[str, Any]:
-    """`parse_override`, except that a text setting gets the text as typed when YAML read something
-    else: `--name 2024` (which the CLI passes as log.name=2024) names the run "2024", not the int."""
-    key, value = parse_override(item)
-    if schema is not None and value is not None and not isinstance(value, str) and _holds_text(schema, key):
-        value = item.partition("=")[2].strip()
-    return key, value
-
-
-def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
-    """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
-    if path is None:
-        return {}
-    if os.path.isdir(path):
-        raise ScaleRLError(f"config file {path} is a directory: pass a YAML file ({example}) to --config")
-    if not os.path.isfile(path):
-        raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
-    try:
-        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except OSError as err:
-        raise ScaleRLError(f"config file {path}: cannot read it ({err.strerror}); pass a readable YAML file to --config") from None
-    except UnicodeDecodeError as err:
-        raise ScaleRLError(f"config file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
-                           "pass a YAML file to --config") from None
-    except yaml.YAMLError as err:
-        raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
-    if not isinstance(tree, dict):
-        raise ScaleRLError(f"config file {path} must hold a mapping ({example})")
-    return tree
-
-
-def override_items(overrides: list[str] | dict[str, Any] | None, schema: type[BaseModel] | None = None):
-    """(dotted key, value) pairs from `--set` strings or a dict; with `schema`, a `--set` string for
-    a text setting keeps its text (`_typed_override`)."""
-    if isinstance(overrides, dict):
-        return overrides.items()
-    return [_typed_override(item, schema) for item in overrides or []]
-
-
-def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, validated against the schema; raises ScaleRLError with a
-    one-line message. What the config names outside itself (environment options, model folders,
-    reward functions) is checked by `scalerl.checks.check_config`."""
-    tree = read_yaml_mapping(path, "model:, env:, ...")
-    items = override_items(overrides, Config)
-    for key, value in items:
-        _set_dotted(tree, key, value)
-    try:
-        config = Config.model_validate(tree)
-    except ValidationError as err:
-        raise ScaleRLError(_format_error(err)) from None
-    return config
-
-
-def dump_config(config: Config) -> str:
-    tree = config.model_dump(mode="json")
-    algorithm = tree["algorithm"]
-    tree["algorithm"] = {"name": algorithm.pop("name"), **algorithm}  # the union's tag first, for the reader
-    return yaml.safe_dump(tree, sort_keys=False)

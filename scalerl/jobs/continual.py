@@ -20,7 +20,6 @@ on from it. Events go to ROOT/events.jsonl.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from scalerl.config import Config, dump_config, load_config
 from scalerl.errors import ScaleRLError
 from scalerl.monitor.events import Event, EventLog
+from scalerl.files import write_atomically
 
 STATE_FILE = "continual.json"
 
@@ -48,9 +48,7 @@ class ContinualState:
 
 
 def _save_state(root: Path, state: ContinualState) -> None:
-    tmp = root / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=1))
-    os.replace(tmp, root / STATE_FILE)
+    write_atomically(root / STATE_FILE, json.dumps(asdict(state), indent=1))
 
 
 def _policy(path: str):
@@ -65,7 +63,7 @@ def score(config: Config, path: str, env_args: dict[str, Any], tasks: str = "eva
     """Greedy pass rate of the policy at `path` on the environment's `tasks` ('eval' or 'train') with `env_args`."""
     from scalerl.envs.registry import build_env
     from scalerl.rollout.hf import HFSampler
-    from scalerl.trainer.evaluation import task_scores
+    from scalerl.rollout.evaluation import task_scores
     from scalerl.types import SamplingParams
 
     env = build_env(config.env.name, env_args)
@@ -79,7 +77,7 @@ def score(config: Config, path: str, env_args: dict[str, Any], tasks: str = "eva
 @torch.no_grad()
 def sequence_kl(config: Config, current: str, baseline: str, seed: int) -> float:
     """Mean over completions sampled from `current` on the held-out prompts of Σ_t (log π_cur − log π_base)."""
-    from scalerl.distributed.parallel import CompletionModel
+    from scalerl.models.logprobs import CompletionModel
     from scalerl.envs.registry import build_env
     from scalerl.rollout.hf import HFSampler
     from scalerl.types import SamplingParams, derive_seed

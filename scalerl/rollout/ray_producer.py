@@ -16,7 +16,7 @@ from typing import Any
 
 from scalerl.config import Config
 from scalerl.errors import ScaleRLError
-from scalerl.trainer.async_producer import ProducerSpec, run_producer
+from scalerl.rollout.producer import ProducerSpec, run_producer
 
 
 STARTUP_S = 300  # a new worker process on a busy node, importing torch
@@ -41,7 +41,7 @@ class ProducerActor:
 
 @dataclass
 class RayProducer:
-    """A `ProducerProcess` (scalerl/trainer/async_rollout.py) that is a Ray actor in bundle `bundle` of `placement_group`."""
+    """A `ProducerProcess` (scalerl/rollout/async_rollout.py) that is a Ray actor in bundle `bundle` of `placement_group`."""
 
     placement_group: Any
     bundle: int

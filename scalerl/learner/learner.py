@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 
@@ -28,14 +29,18 @@ from scalerl.algorithms.kl import kl_estimate
 from scalerl.algorithms.kl_control import KLController
 from scalerl.algorithms.losses import aggregation_units, mask_truncated
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
-from scalerl.config import AlgorithmConfig, OptimConfig
+from scalerl.config import AlgorithmConfig, HealthConfig, OptimConfig
 from scalerl.distributed.context import DistContext
-from scalerl.distributed.parallel import CompletionModel, Strategy, unwrap
-from scalerl.plan import INITIAL_LOSS_SCALE, BatchPlan, PrecisionPolicy, next_loss_scale
+from scalerl.distributed.parallel import Strategy, unwrap
+from scalerl.models.logprobs import CompletionModel
+from scalerl.config.plan import INITIAL_LOSS_SCALE, BatchPlan, PrecisionPolicy, next_loss_scale
 from scalerl.precision.apply import autocast_context, component_bytes, expected_bytes
-from scalerl.trainer.algorithm import outcome_advantages, outcome_token_rewards
-from scalerl.trainer.forgetting import Forgetting
-from scalerl.trainer.optim import lr_factor
+from scalerl.learner.algorithm import outcome_advantages, outcome_token_rewards
+from scalerl.learner.forgetting import Forgetting
+from scalerl.learner.recovery import cool_kl, recover
+from scalerl.learner.optim import lr_factor
+from scalerl.monitor.events import Event
+from scalerl.precision.apply import describe as describe_precision
 from scalerl.types import Rollout, ScoredBatch
 
 
@@ -47,7 +52,7 @@ class LearnerState:
     updates: int = 0  # optimizer updates applied: the lr schedule's position
     lr_scale: float = 1.0  # persistent cut by the kl_explosion response
     max_grad_norm: float | None = None  # optim.max_grad_norm, or 1.0 once a non-finite step turned clipping on
-    loss_scale: float = 1.0  # fp16's dynamic loss scale (scalerl/plan.py: next_loss_scale); 1 otherwise
+    loss_scale: float = 1.0  # fp16's dynamic loss scale (scalerl/config/plan.py: next_loss_scale); 1 otherwise
     loss_scale_good: int = 0  # overflow-free updates in a row at this scale
 
 
@@ -72,6 +77,57 @@ class Snapshot:
     optimizer: dict[str, Any]
 
 
+@dataclass
+class CheckpointParts:
+    """What a checkpoint keeps of the learner besides `state_dict()`: weights and optimizer moments (through DCP)."""
+
+    model: torch.nn.Module  # the policy as the sampler and Hugging Face see it (unwrapped)
+    optimizer: torch.optim.Optimizer
+    modules: dict[str, torch.nn.Module]  # besides the policy: PPO's critic
+    tensors: dict[str, Any]  # besides modules and optimizer: EWC's anchors and Fisher
+
+
+class LearnerSide(Protocol):
+    """What the training job and the health guard ask of the learner, and all they may ask
+    (tests/learner/test_learner_contract.py checks every implementation against it)."""
+
+    @property
+    def version(self) -> int:
+        """The policy version: +1 per learned batch and per restore."""
+        ...
+
+    def learn(self, batch: ScoredBatch, step: int) -> dict[str, float]:
+        """Update the policy from one scored batch; returns the step's learning metrics."""
+        ...
+
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        """The policy's current weights (a state dict, the sampler's names) for a rollout side that holds its own copy."""
+        ...
+
+    def end_of_step(self, step: int, *, agree: bool, saving: bool) -> dict[str, float]:
+        """After a step: replicas that sync lazily (dynamic sharding) agree now when `agree` (and their optimizer
+        moments too when `saving`); returns the communication metrics."""
+        ...
+
+    def respond(self, event: Event) -> bool:
+        """Apply the response to a health event (kl_explosion, nonfinite), writing what it did into `event.action`
+        and `event.values`; True when the weights changed and must be published again."""
+        ...
+
+    def restore_point(self, step: int) -> None:
+        """Keep the current weights and optimizer state in memory as the non-finite response's restore point."""
+        ...
+
+    def start(self, fresh: bool) -> list[str]:
+        """The start-up lines (precision, parallel strategy); `fresh`: step 0 of a run, when EWC measures its Fisher."""
+        ...
+
+    def checkpoint_parts(self) -> CheckpointParts: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
 def cpu_copy(obj: Any) -> Any:
     """A deep copy with every tensor cloned to the CPU (state dicts nest dicts and lists)."""
     if isinstance(obj, torch.Tensor):
@@ -88,10 +144,11 @@ class Learner:
                  reference_forward: torch.nn.Module | None, critic: torch.nn.Module | None, value_head: bool,
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
-                 parallel: Strategy, forgetting: Forgetting | None = None):
+                 parallel: Strategy, forgetting: Forgetting | None = None, health: HealthConfig | None = None,
+                 offload: bool = False):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
         `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
-        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/trainer/forgetting.py)."""
+        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py)."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
@@ -99,6 +156,9 @@ class Learner:
         self.base_lrs = [group["lr"] for group in optimizer.param_groups]  # peak lr of each group (policy, critic)
         self.state = LearnerState(max_grad_norm=optim.max_grad_norm, loss_scale=INITIAL_LOSS_SCALE if precision.loss_scaling else 1.0)
         self.forgetting = forgetting
+        self.health = health or HealthConfig()  # the responses' factors (scalerl/learner/recovery.py)
+        self.offload = offload  # optim.offload, for the start-up line
+        self.snapshot_step, self.kept_snapshot = 0, None  # the non-finite response's restore point
 
     @property
     def version(self) -> int:
@@ -263,7 +323,7 @@ class Learner:
                 stats.update(loss_scale=self.state.loss_scale, loss_scale_overflows=float(overflow))
             self.state.loss_scale, self.state.loss_scale_good = next_loss_scale(self.state.loss_scale, self.state.loss_scale_good,
                                                                                 math.isfinite(grad_norm))
-        if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see trainer/recovery.py)
+        if math.isfinite(grad_norm):  # a NaN/Inf gradient never reaches the weights (then see scalerl/learner/recovery.py)
             factor = lr_factor(self.state.updates, self.plan.total_updates, self.optim) * self.state.lr_scale * guard_scale
             for group, base in zip(self.optimizer.param_groups, self.base_lrs):
                 group["lr"] = base * factor
@@ -272,7 +332,38 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    # --- what the health responses change (scalerl/trainer/recovery.py) and what a checkpoint keeps ---
+    # --- the end of a step, the health responses, the start-up lines and what a checkpoint keeps ---
+
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        return self.policy.state_dict()
+
+    def end_of_step(self, step: int, *, agree: bool, saving: bool) -> dict[str, float]:
+        return self.parallel.end_of_step(step, agree, self.optimizer, moments=saving)
+
+    def respond(self, event: Event) -> bool:
+        """kl_explosion: cool the KL; nonfinite: back to the restore point (scalerl/learner/recovery.py)."""
+        match event.rule:
+            case "kl_explosion":
+                cool_kl(self, event, self.health.kl)
+                return False
+            case "nonfinite":
+                return recover(self, event)
+        return False
+
+    def restore_point(self, step: int) -> None:
+        self.kept_snapshot, self.snapshot_step = self.snapshot(), step
+
+    def start(self, fresh: bool) -> list[str]:
+        lines = [describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)]
+        if self.ctx.active:
+            lines.append(self.parallel.describe())
+        if fresh and (line := self.start_forgetting()):
+            lines.append(line)
+        return lines
+
+    def checkpoint_parts(self) -> CheckpointParts:
+        return CheckpointParts(self.policy, self.optimizer, self.extra_modules(), self.extra_tensors())
+
 
     def scale_lr(self, factor: float) -> tuple[float, float]:
         """Scale every later learning rate by `factor`; returns the policy's (old, new) next lr."""

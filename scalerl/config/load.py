@@ -1,0 +1,178 @@
+"""Loading the run configuration: a YAML file and `--set key.sub=value` overrides on the defaults,
+validated into a `Config` (scalerl/config/root.py), with the first error on one line naming the dotted
+key; and `dump_config`, the YAML written into the run directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from scalerl.config.root import Config
+from scalerl.config.schema import ALGORITHMS
+from scalerl.errors import ScaleRLError
+
+
+def _location(loc: tuple) -> tuple:
+    """The user's dotted path: without pydantic's validator names and the algorithm union's tag."""
+    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before"))]
+    if len(parts) > 1 and parts[0] == "algorithm" and parts[1] in ALGORITHMS:
+        parts.pop(1)
+    return tuple(parts)
+
+
+_NAMES_A_KEY = re.compile(r"^[a-z_]+\.[a-z_.]+[=: ]")
+
+
+def _shown(value: Any) -> str:
+    """A user's value in a one-line message: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _format_error(err: ValidationError) -> str:
+    """The first error, on one line, naming the dotted key."""
+    return " ".join(_first_error(err).splitlines())
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = _location(first["loc"])
+    where = ".".join(str(p) for p in loc)
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        parent = _section_at(first["loc"][:-1])
+        where = ".".join(str(p) for p in loc)
+        allowed = ", ".join(parent.model_fields) if parent else ""
+        return f"{where}: unknown key; allowed here: {allowed}"
+    if first["type"] == "literal_error":
+        return f"{where}: {msg} (got {_shown(first['input'])})"
+    if not where and _NAMES_A_KEY.match(msg):  # a cross-field check whose message starts with the key at fault
+        return msg
+    return f"{where or 'config'}: {msg}" + (f" (got {_shown(first['input'])})" if where and "input" in first and not isinstance(first["input"], dict) else "")
+
+
+def _section_at(loc: tuple) -> type[BaseModel] | None:
+    cls: type[BaseModel] = Config
+    for key in loc:
+        if cls is Config and key in ALGORITHMS:  # the union's tag, right after "algorithm"
+            cls = ALGORITHMS[key]
+            continue
+        if key == "algorithm" and cls is Config:
+            continue
+        if isinstance(key, int):  # an item of a list of sections, e.g. reward.components.0
+            continue
+        field = cls.model_fields.get(str(key))
+        annotation = field.annotation if field is not None else None
+        if get_origin(annotation) is list:
+            annotation = get_args(annotation)[0]
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        cls = annotation
+    return cls
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ScaleRLError(f"--set {dotted}: '{key}' is a value, not a section")
+    node[keys[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`key.sub=value` with the value parsed as YAML (so 1e-4, true, [1, 2] and null work)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ScaleRLError(f"--set {item!r}: expected key.sub=value, e.g. --set optim.lr=3e-5")
+    try:
+        value = yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def _holds_text(schema: type[BaseModel], dotted: str) -> bool:
+    """Whether the setting at `dotted` is text (str or Path, possibly null) in `schema`."""
+    *sections, leaf = dotted.split(".")
+    for key in sections:
+        field = schema.model_fields.get(key)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return False
+        schema = field.annotation
+    field = schema.model_fields.get(leaf)
+    kinds = set(get_args(field.annotation) or (field.annotation,)) if field is not None else set()
+    return bool(kinds & {str, Path}) and kinds <= {str, Path, type(None)}
+
+
+def _typed_override(item: str, schema: type[BaseModel] | None) -> tuple[str, Any]:
+    """`parse_override`, except that a text setting gets the text as typed when YAML read something
+    else: `--name 2024` (which the CLI passes as log.name=2024) names the run "2024", not the int."""
+    key, value = parse_override(item)
+    if schema is not None and value is not None and not isinstance(value, str) and _holds_text(schema, key):
+        value = item.partition("=")[2].strip()
+    return key, value
+
+
+def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
+    """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
+    if path is None:
+        return {}
+    if os.path.isdir(path):
+        raise ScaleRLError(f"config file {path} is a directory: pass a YAML file ({example}) to --config")
+    if not os.path.isfile(path):
+        raise ScaleRLError(f"config file {path} does not exist: pass an existing YAML file to --config")
+    try:
+        tree = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except OSError as err:
+        raise ScaleRLError(f"config file {path}: cannot read it ({err.strerror}); pass a readable YAML file to --config") from None
+    except UnicodeDecodeError as err:
+        raise ScaleRLError(f"config file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
+                           "pass a YAML file to --config") from None
+    except yaml.YAMLError as err:
+        raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(tree, dict):
+        raise ScaleRLError(f"config file {path} must hold a mapping ({example})")
+    return tree
+
+
+def override_items(overrides: list[str] | dict[str, Any] | None, schema: type[BaseModel] | None = None):
+    """(dotted key, value) pairs from `--set` strings or a dict; with `schema`, a `--set` string for
+    a text setting keeps its text (`_typed_override`)."""
+    if isinstance(overrides, dict):
+        return overrides.items()
+    return [_typed_override(item, schema) for item in overrides or []]
+
+
+def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """Defaults <- YAML file <- overrides, validated against the schema; raises ScaleRLError with a
+    one-line message. What the config names outside itself (environment options, model folders,
+    reward functions) is checked by `scalerl.config.checks.check_config`."""
+    tree = read_yaml_mapping(path, "model:, env:, ...")
+    items = override_items(overrides, Config)
+    for key, value in items:
+        _set_dotted(tree, key, value)
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as err:
+        raise ScaleRLError(_format_error(err)) from None
+    return config
+
+
+def dump_config(config: Config) -> str:
+    tree = config.model_dump(mode="json")
+    algorithm = tree["algorithm"]
+    tree["algorithm"] = {"name": algorithm.pop("name"), **algorithm}  # the union's tag first, for the reader
+    return yaml.safe_dump(tree, sort_keys=False)

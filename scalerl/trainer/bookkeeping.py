@@ -1,0 +1,140 @@
+"""What the training job keeps around its steps: the metrics log and console, the health guard, the
+time estimate, the step and time totals, checkpoints and the final summary. `loop.train` calls it
+between the two roles' work; it decides nothing about learning."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalerl.config import Config
+from scalerl.config.resume import record_resumed_config
+from scalerl.distributed.context import DistContext
+from scalerl.errors import Stopped
+from scalerl.learner.learner import LearnerSide
+from scalerl.monitor.console import RunConsole
+from scalerl.monitor.metrics import MetricsLogger, NullLogger
+from scalerl.monitor.sinks import build_sinks
+from scalerl.predict.time_estimate import TimeEstimator
+from scalerl.rollout.base import RolloutSide
+from scalerl.trainer.core_share import CoreShare
+from scalerl.trainer.health_guard import HealthGuard
+from scalerl.trainer.persist import save
+from scalerl.trainer.step import publish_weights
+from scalerl.types import ScoredBatch
+
+
+class Bookkeeping:
+    def __init__(self, config: Config, ctx: DistContext, rollout: RolloutSide, learner: LearnerSide, run_dir: Path,
+                 tokenizer: Any, state: dict[str, Any], resume: bool):
+        """`state`: the job's state ({'step': 0} for a new run, the checkpoint's on resume)."""
+        self.config, self.ctx, self.rollout, self.learner, self.run_dir, self.tokenizer = config, ctx, rollout, learner, run_dir, tokenizer
+        self.state, start = state, state["step"]
+        self.saved = start
+        if resume and ctx.is_main:
+            record_resumed_config(config, run_dir, start)
+        resumed = start if resume else None
+        self.logger = (MetricsLogger(run_dir, tensorboard=config.log.tensorboard, resume_after=resumed, sinks=build_sinks(config, run_dir))
+                       if ctx.is_main else NullLogger())
+        self.console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start)
+        for line in learner.start(fresh=start == 0):
+            self.console.print(line)
+        if resume:
+            self.console.print(f"resumed from step {start} in {run_dir}")
+        self.health = HealthGuard(config.health, learner, ctx, run_dir, self.console.print,
+                                  completions_per_step=config.plan.batch_size * ctx.world_size,
+                                  publish=lambda: publish_weights(rollout, learner), resume_after=resumed,
+                                  pass_rate_before=state.get("pass_rate_before"), monitor_state=state.pop("health", None))
+        self.eta = TimeEstimator(config.train.steps, start, config.eval.every, config.checkpoint.every, config.checkpoint.save_final,
+                                 # a multi-turn completion holds the environment's replies too: no cap known
+                                 max_new_tokens=config.rollout.max_new_tokens if config.rollout.max_turns == 1 else 0)
+        self.share = CoreShare() if config.train.threads is None else None  # threads unset: leave other processes their cores
+        self.wall_start = self.loop_start = time.perf_counter()
+        self.times = {"train_time_s": state.get("train_time_s", 0.0), "eval_time_s": 0.0, "checkpoint_time_s": 0.0}
+        self.tokens = state.get("train_tokens", 0)
+        self.phase: dict[str, Any] = {}
+        if "pass_rate_before" in state:  # resumed after the first evaluation
+            self.console.pass_rate = state.setdefault("last_pass_rate", state["pass_rate_before"])
+
+    def __enter__(self) -> "Bookkeeping":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.health.close()
+        self.console.close()
+        self.logger.close()
+
+    def evaluated(self, step: int, pass_rate: float, seconds: float = 0.0) -> dict[str, float]:
+        """Record a held-out pass rate (step 0: the untrained model's); returns the step's eval and health metrics."""
+        if step == 0:  # before the first step: not part of the loop's times
+            self.state["pass_rate_before"] = pass_rate
+            self.loop_start = time.perf_counter()
+        self.state["last_pass_rate"] = self.console.pass_rate = pass_rate
+        self.times["eval_time_s"] += seconds
+        if step == 0:
+            return self.health.check_pass_rate(0, pass_rate)  # the best so far starts at the untrained model's
+        return {"eval/pass_rate": pass_rate, "eval_time_s": seconds, **self.health.check_pass_rate(step, pass_rate)}
+
+    def threads(self) -> int:
+        return self.share.update() if self.share is not None else torch.get_num_threads()
+
+    def checked(self, step: int, metrics: dict[str, Any], batch: ScoredBatch) -> dict[str, float]:
+        """The health rules on the step's metrics (events, responses: scalerl/trainer/health_guard.py)."""
+        self.times["train_time_s"] += metrics["step_time_s"]
+        self.tokens += metrics["tokens"]
+        return self.health.check(step, metrics, batch)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        metrics["time/elapsed_s"] = elapsed = time.perf_counter() - self.wall_start
+        if (total_s := self.eta.update(step, metrics, elapsed_s=elapsed, save_time_total_s=self.times["checkpoint_time_s"])) is not None:
+            metrics["time/estimated_total_s"], metrics["time/remaining_s"] = total_s, total_s - elapsed
+        self.logger.log(step, metrics)
+        self.console.step(step, metrics)
+        self.state.update(step=step, train_time_s=self.times["train_time_s"], train_tokens=self.tokens)
+
+    def save(self, step: int) -> None:
+        start = time.perf_counter()
+        state = {**{k: v for k, v in self.state.items() if k != "step"}, "health": self.health.state_dict()}
+        save(self.rollout, self.learner, self.ctx, self.run_dir, step, self.tokenizer, state, self.config.checkpoint.keep_last)
+        self.saved = step
+        self.times["checkpoint_time_s"] += time.perf_counter() - start
+
+    def stop(self, signum: int, step: int) -> None:
+        """A signal between steps: checkpoint the last finished step (unless it is saved), raise `Stopped`."""
+        if self.saved != step:
+            self.learner.end_of_step(step, agree=True, saving=True)  # replicas that sync by groups may differ mid-interval
+            self.save(step)
+        raise Stopped(signum, step, str(self.run_dir / "checkpoints" / f"step_{step:07d}") if step > 0 else None)
+
+    def finish(self) -> None:
+        """After the last step: the reward curve's phase verdict (an info event)."""
+        self.phase = self.health.finish(self.config.train.steps)
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json (after the logs closed): pass rates, times, throughput, the phase verdict and health event counts."""
+        t = self.times
+        loop_s = time.perf_counter() - self.loop_start - t["eval_time_s"] - t["checkpoint_time_s"]  # steps and logging only
+        summary = {"pass_rate_before": self.state["pass_rate_before"], "pass_rate_after": self.state["last_pass_rate"],
+                   "steps": self.config.train.steps, "wall_time_s": time.perf_counter() - self.wall_start,
+                   "train_time_s": t["train_time_s"], "loop_time_s": loop_s, "eval_time_s": t["eval_time_s"],
+                   "checkpoint_time_s": t["checkpoint_time_s"], "tokens_per_s": self.tokens / max(t["train_time_s"], 1e-9),
+                   "run_dir": str(self.run_dir), **self.phase}
+        summary.update(self.eta.summary(summary["wall_time_s"]))  # how good the live time estimate made at 10% was
+        if self.ctx.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        self.console.summary(summary)
+        return summary
+
+
+def finished_summary(run_dir: Path, step: int, ctx: DistContext) -> dict[str, Any]:
+    """Resuming a run that already reached train.steps: nothing to do; its summary.json is returned unchanged."""
+    if ctx.is_main:
+        print(f"{run_dir} already finished at step {step}; nothing to do (continue it with --set train.steps=N, N > {step})",
+              file=sys.stdout)
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {"steps": step, "run_dir": str(run_dir)}
