@@ -254,6 +254,15 @@ def test_a_pickle_in_the_replay_buffer_never_runs(root, marker, fault, plant):
           f"never ran; one-line error: {message.replace(str(root), 'checkpoints')[:220]}")
 
 
+def test_a_replay_meta_naming_a_path_outside_its_folder_is_refused(root):
+    meta_path = root / NEWEST / "replay_rank0" / storage.META
+    meta = json.loads(meta_path.read_text())
+    meta["priorities"]["file"] = "../../../rng_rank0.pt"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ScaleRLError, match="names '../../../rng_rank0.pt', not a file name this layout writes"):
+        ReplayBuffer.load(root / NEWEST / "replay_rank0")
+
+
 @pytest.mark.parametrize("extra", ["pytorch_model.bin", "dcp/__1_0.distcp", "replay_rank1/meta.json"])
 def test_a_file_the_manifest_does_not_list_is_refused(root, marker, fault, extra):
     path = root / NEWEST / extra
