@@ -22,6 +22,10 @@ are deleted after the commit (a crash there only leaves garbage, which the next 
 Unchanged chunks keep their files, so a save rewrites only the chunks that received groups since the
 last save to the same folder; the priorities and the meta are small and always rewritten.
 `meta.json` records each file's SHA-256; a load checks every file against it.
+
+A buffer is data: a load reads `meta.json` as JSON, the chunks as safetensors and the priorities with
+`np.load(allow_pickle=False)`; nothing is unpickled (a file holding a pickle is refused as damaged), and
+the files `meta.json` names must be this layout's names inside the folder (no path leaves it).
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ SCHEMA = 1
 META = "meta.json"
 _GENERATION = re.compile(r"\.g(\d{6,})\.")
 _OURS = re.compile(r"^((chunk_\d{5,}\.g\d{6,}\.safetensors|priorities\.g\d{6,}\.npy)(\.tmp)?|meta\.json\.tmp)$")
+_CHUNK_FILE = re.compile(r"chunk_\d{5,}\.g\d{6,}\.safetensors")  # the names meta.json may give (fullmatch)
+_PRIORITIES_FILE = re.compile(r"priorities\.g\d{6,}\.npy")
 _FLAT_DTYPES = {**{name: dtype for name, (dtype, _) in LAYOUT.items()}, "prompt_utf8": torch.uint8, "sizes": torch.long}
 
 
@@ -189,6 +195,9 @@ def read_meta(folder: Path) -> dict[str, Any]:
         entries = [(int(e["index"]), str(e["file"]), int(e["groups"]), str(e["sha256"])) for e in meta["chunks"]]
         if not all(isinstance(meta["priorities"][key], str) for key in ("file", "sha256")):
             raise TypeError("priorities.file and priorities.sha256 must be strings")
+        named = [(_PRIORITIES_FILE, meta["priorities"]["file"]), *((_CHUNK_FILE, e[1]) for e in entries)]
+        if bad := [name for pattern, name in named if not pattern.fullmatch(name)]:
+            raise ValueError(f"it names {bad[0]!r}, not a file name this layout writes")
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise _damaged(path, f"it is not the JSON a save writes ({type(err).__name__}: {err})") from err
     if schema != SCHEMA:
@@ -224,6 +233,8 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], list[ReplayGroup], np.nda
     try:
         leaves = np.load(io.BytesIO(data), allow_pickle=False)
     except ValueError as err:
+        if "pickle" in str(err) or "Object arrays" in str(err):  # numpy would suggest allow_pickle: never for a buffer
+            raise _damaged(path, "it holds a pickle, which a buffer never does (refused unread)") from None
         raise _damaged(path, f"it is not a .npy file ({err})") from err
     capacity = int(meta["buffer"]["capacity"])
     if leaves.shape != (capacity,) or leaves.dtype != np.float64:

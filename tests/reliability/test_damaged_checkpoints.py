@@ -1,6 +1,6 @@
 """A damaged newest checkpoint never blocks a resume: it is detected (sizes and hashes of save
-time, or a failed load), set aside as `.damaged`, and the run resumes from the newest intact one,
-ending exactly where the undamaged run ends."""
+time), set aside as `.damaged` (`.unverified` without a manifest: never opened), and the run resumes
+from the newest intact one, ending exactly where the undamaged run ends."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ DAMAGE = {  # what a disk, a copy or a person can do to the newest checkpoint's 
     "rng_rank0.pt truncated": lambda d: _truncate(d / "rng_rank0.pt"),
     "manifest.json garbage": lambda d: (d / "manifest.json").write_text("not json"),
     "config.json missing": lambda d: (d / "config.json").unlink(),
-    # a checkpoint written before manifests existed: only a failed load can tell
+    # a checkpoint written before manifests existed, or whose manifest was deleted: never opened (it might hold anything)
     "no manifest, dcp/__0_0.distcp truncated": lambda d: ((d / "manifest.json").unlink(), _truncate(d / "dcp" / "__0_0.distcp")),
     "no manifest, trainer_state.json not JSON": lambda d: ((d / "manifest.json").unlink(),
                                                          (d / "trainer_state.json").write_text("{")),
@@ -76,13 +76,15 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_newest_intact_one(straigh
     summary = loop.train(load_config(overrides=overrides(runs, "run")), resume=True)
 
     err = capsys.readouterr().err
-    warning = next(line for line in err.splitlines() if "is damaged" in line)
-    assert "step_0000006" in warning and (run / "checkpoints" / "step_0000006.damaged").is_dir()
+    aside = "unverified" if damage.startswith("no manifest") else "damaged"
+    warning = next(line for line in err.splitlines() if "is damaged" in line or "has no manifest.json" in line)
+    assert "step_0000006" in warning and (run / "checkpoints" / f"step_0000006.{aside}").is_dir()
     assert same_run(run, straight, 8), "the resumed run differs from the undamaged one"
     assert summary["steps"] == 8
+    why = ("no manifest.json: nothing in it read" if aside == "unverified" else
+           re.search(r"is damaged [(](.*)[)]; moved", warning).group(1))
     fault("checkpoints", f"newest checkpoint damaged: {damage}",
-          f"warned ({re.search(r'is damaged [(](.*)[)]; moved', warning).group(1)}), set aside as .damaged, resumed from step 4; "
-          "metrics and final weights identical to the undamaged run")
+          f"warned ({why}), set aside as .{aside}, resumed from step 4; metrics and final weights identical to the undamaged run")
 
 
 def test_every_checkpoint_damaged_is_a_one_line_error(straight, runs, fault):
