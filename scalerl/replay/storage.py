@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from safetensors.torch import save as save_tensors
 
 from scalerl.errors import ScaleRLError
 from scalerl.replay.group import LAYOUT, TENSOR_FIELDS, ReplayGroup
+from scalerl.files import fsync_dir, write_atomically
 
 SCHEMA = 1
 META = "meta.json"
@@ -105,27 +105,10 @@ def _damaged(path: Path, why: str) -> ScaleRLError:
                         f"delete it to start with an empty buffer")
 
 
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes) -> str:
     """Write `data` to `path` through `path.tmp` (fsynced, then renamed over); returns its SHA-256.
     The caller fsyncs the folder to make the rename itself durable."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomically(path, data, sync_folder=False)
     return hashlib.sha256(data).hexdigest()
 
 
@@ -160,11 +143,11 @@ def write_folder(folder: Path, *, meta: dict[str, Any], generation: int, write: 
     np.save(buffer, np.ascontiguousarray(priorities, dtype=np.float64), allow_pickle=False)
     prio_path = folder / f"priorities.g{generation:06d}.npy"
     prio = {"file": prio_path.name, "sha256": atomic_write(prio_path, buffer.getvalue())}
-    _fsync_dir(folder)  # every file the new meta names is durable before the meta names it
+    fsync_dir(folder)  # every file the new meta names is durable before the meta names it
     full = {"schema": SCHEMA, "generation": generation, **meta, "priorities": prio,
             "chunks": [entries[i] for i in sorted(entries)]}
     atomic_write(folder / META, json.dumps(full, indent=1).encode())
-    _fsync_dir(folder)
+    fsync_dir(folder)
     named = {META, prio["file"], *(e["file"] for e in entries.values())}
     for path in folder.iterdir():  # after the commit: the previous save's files and any crashed save's leftovers
         if _OURS.match(path.name) and path.name not in named:

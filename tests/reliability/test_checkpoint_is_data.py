@@ -29,6 +29,7 @@ from scalerl.replay import storage
 from scalerl.replay.buffer import ReplayBuffer
 from scalerl.replay.group import ReplayGroup
 from scalerl.trainer import checkpoint as ckpt
+from scalerl.trainer.checkpoint_trust import read_dcp_metadata
 
 CTX = DistContext()
 NEWEST, OLDER = "step_0000002", "step_0000001"
@@ -175,7 +176,7 @@ def test_planted_metadata_with_a_forged_manifest_is_refused_by_the_allow_list(ro
 
 def test_dcp_metadata_pointing_outside_its_folder_is_refused(root, marker):
     folder = root / NEWEST / "dcp"
-    metadata = ckpt.read_dcp_metadata(folder / ".metadata")
+    metadata = read_dcp_metadata(folder / ".metadata")
     for info in metadata.storage_data.values():
         info.relative_path = "../../../../etc/passwd"
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
@@ -189,7 +190,7 @@ def test_the_allow_list_admits_what_dcp_writes(saved):
     path = saved[0] / NEWEST / "dcp" / ".metadata"
     with open(path, "rb") as f:
         plain = pickle.load(f)  # the checkpoint this test module saved itself
-    assert ckpt.read_dcp_metadata(path) == plain
+    assert read_dcp_metadata(path) == plain
 
 
 # --- the other pickles a checkpoint holds ----------------------------------------------------------
