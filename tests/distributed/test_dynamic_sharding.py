@@ -8,11 +8,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import tiny_overrides
+from conftest import run_cli, tiny_overrides
 from ranks import free_port, global_batch, scored
 from scalerl.config import DEFAULT_PARAM_GROUPS, ParamGroupConfig
 from scalerl.distributed.context import DistContext, shutdown, start_process_group
 from scalerl.distributed.dynamic_sharding import resolve_groups
+from scalerl.jsonl import read_metrics
 
 
 def _builtin():
@@ -65,7 +66,7 @@ def _ranks(rank: int, port: int, runs, batch: str, out: str) -> None:
     for step in range(1, STEPS + 1):
         learner.learn(scored(batch, [2 * rank, 2 * rank + 1]), step)  # each rank its own prompts
         before = {g: params[n].detach().clone() for g, n in PROBE.items()}
-        metrics = learner.parallel.end_of_step(step, step in (1, STEPS), learner.optimizer, moments=step == STEPS)
+        metrics = learner.end_of_step(step, agree=step in (1, STEPS), saving=step == STEPS)  # what the training job calls
         after = {g: params[n].detach().clone() for g, n in PROBE.items()}
         moment = learner.optimizer.state[params[PROBE["mlp"]]]["exp_avg"].clone()
         log.append((before, after, moment, metrics))
@@ -100,3 +101,19 @@ def test_two_ranks_average_each_group_at_its_interval(tmp_path):
         (periodic,), (with_moments,) = sizes[(g, False)], sizes[(g, True)]
         assert periodic > 0 and with_moments == 3 * periodic, g
     assert sizes[("mlp", False)] == {4 * 3 * 128 * 512 * 4}  # 4 layers x gate/up/down x 128 x 512 float32
+
+
+@pytest.mark.slow
+def test_the_training_job_makes_replicas_agree_on_the_first_and_last_step(tmp_path):
+    """`scalerl train --nproc 2` with one group synced every 4 steps, 3 steps: the job asks the learner to agree
+    on step 1 and on the last step (before its evaluation and final checkpoint, with the optimizer moments), not in
+    between."""
+    runs = tmp_path / "runs"
+    groups = '[{"name": "all", "params": ["*"], "sync_interval": 4}]'
+    overrides = tiny_overrides(runs, "agree", **{"train.steps": 3, "eval.every": 0, "rollout.prompts_per_step": 2,
+                                                 "parallel.strategy": "dynamic", "parallel.param_groups": groups})
+    args = [arg for k, v in overrides.items() for arg in ("--set", f"{k}={v}")]
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--nproc", "2", *args, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sent = [row["comm/bytes/all"] for row in read_metrics(runs / "agree")]
+    assert sent[0] > 0 and sent[1] == 0 and sent[2] == 3 * sent[0], sent  # the last step saves: weights and both AdamW moments
