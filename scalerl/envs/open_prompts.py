@@ -43,7 +43,7 @@ def read_prompts(path: Path) -> list[Task]:
         if "prompt" not in row:
             raise ScaleRLError(f"{path}:{i}: expected a JSON object with a string 'prompt'")
         text, messages = conversational_prompt(row.pop("prompt"), f"{path}:{i}")
-        answer = row.pop("answer", None)
+        answer = row.get("answer")  # also kept in meta, as it was: reward functions receive the column by name
         meta = {**row, **({"messages": messages} if messages is not None else {})}
         tasks.append(Task(prompt=text, answer=None if answer is None else str(answer), meta=meta))
     return tasks

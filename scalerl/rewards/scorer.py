@@ -21,10 +21,11 @@ calls, which loses no scores).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from scalerl.errors import ScaleRLError
 from scalerl.rewards.components import Component, RewardInputs
 from scalerl.rewards.fusion import (
     DynamicState,
@@ -172,10 +173,25 @@ class RewardScorer:
             comp.close()
 
 
-def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torch.device | str) -> RewardScorer | None:
+PYTHON = "python:"  # `function: python:NAME`: a callable handed to the Python API, not an import path
+
+
+def in_process(spec: str, functions: Mapping[str, Callable] | None) -> Callable:
+    """The callable that `python:NAME` names, or a one-line error (a config from a Python API run, started elsewhere)."""
+    name = spec[len(PYTHON):]
+    if functions is None or name not in functions:
+        raise ScaleRLError(f"reward component function {spec}: names a Python callable handed to scalerl.Trainer in its own "
+                           "script; it exists only there. Run it from that script, or name the function as module:function")
+    return functions[name]
+
+
+def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torch.device | str,
+                        functions: Mapping[str, Callable] | None = None) -> RewardScorer | None:
     """The scorer for `reward` config: its components, or `reward.model` alone as one component
-    named reward_model with weight 1 (exactly the reward model's score); None: the environment's reward."""
+    named reward_model with weight 1 (exactly the reward model's score); None: the environment's reward.
+    `functions`: the Python API's callables, by the NAME of their components' `function: python:NAME`."""
     from scalerl.rewards.components import (
+        CallableComponent,
         EnvComponent,
         FunctionComponent,
         ModelComponent,
@@ -193,6 +209,8 @@ def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torc
                 components.append(EnvComponent(c.name))
             elif c.model is not None:
                 components.append(ModelComponent(c.name, c.model, device, batch_size=reward.batch_size, normalize=c.normalize))
+            elif c.function.startswith(PYTHON):
+                components.append(CallableComponent(c.name, c.function, in_process(c.function, functions), timeout_s=c.timeout_s))
             else:
                 components.append(FunctionComponent(c.name, c.function, timeout_s=c.timeout_s))
     except BaseException:

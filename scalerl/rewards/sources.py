@@ -26,7 +26,7 @@ def check_reward_sources(config: "Config") -> None:
     for i, comp in enumerate(config.reward.components):
         if comp.model is not None:
             resolve_model_path(comp.model, f"reward.components.{i}.model")
-        if comp.function is not None:
+        if comp.function is not None and not comp.function.startswith("python:"):  # python: the Python API's callables
             resolve_function(comp.function, f"reward.components.{i}.function")
     if env_has_verifier(config.env.name):
         return
