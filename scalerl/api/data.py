@@ -95,6 +95,6 @@ def trl_style(fn: Callable) -> Callable:
         if tasks and all("messages" in t.meta for t in tasks):
             prompts = [t.meta["messages"] for t in tasks]
             completions = [[{"role": "assistant", "content": c}] for c in completions]
-        return fn(prompts, completions, **columns)
+        return fn(prompts=prompts, completions=completions, **columns)
     call.__name__ = getattr(fn, "__name__", "reward")
     return call
