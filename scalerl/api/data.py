@@ -48,24 +48,34 @@ def dataset_file(dataset: Any, folder: Path, stem: str, where: str) -> tuple[Pat
 
 def model_folder(model: Any, tokenizer: Any, folder: Path) -> dict[str, Any]:
     """model.* settings for `model` (a folder, a hub id, 'builtin', or a transformers model object, which is saved to
-    `folder/model`) and `tokenizer` (None: the model's own; a folder or id; or a tokenizer object, saved beside)."""
-    settings: dict[str, Any] = {}
-    if isinstance(model, (str, Path)):
-        settings["path"] = str(model)
-    elif callable(getattr(model, "save_pretrained", None)):
+    `folder/model` with its tokenizer) and `tokenizer` (None: the model's own; a folder or id; or a tokenizer object,
+    saved with the model, or for a model by name to `folder/tokenizer` beside that model's config.json)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if callable(getattr(model, "save_pretrained", None)):
         model.save_pretrained(folder / "model")
-        settings["path"] = str(folder / "model")
         if tokenizer is None:
             source = getattr(model, "name_or_path", "")
             if not source or not Path(source).is_dir():
                 raise ScaleRLError("tokenizer: a model object needs its tokenizer: Trainer(model=..., tokenizer=...)")
-            tokenizer = source
-    else:
+            return {"path": str(folder / "model"), "tokenizer": source}
+        if isinstance(tokenizer, (str, Path)):
+            return {"path": str(folder / "model"), "tokenizer": str(tokenizer)}
+        tokenizer.save_pretrained(folder / "model")
+        return {"path": str(folder / "model")}
+    if not isinstance(model, (str, Path)):
         raise ScaleRLError(f"model: got {type(model).__name__}; give a model folder, 'builtin', or a transformers model object")
+    settings: dict[str, Any] = {"path": str(model)}
     if isinstance(tokenizer, (str, Path)):
         settings["tokenizer"] = str(tokenizer)
-    elif tokenizer is not None:
+    elif tokenizer is not None:  # model.tokenizer names a folder with a config.json, as a model folder has
+        from transformers import AutoConfig
+
+        from scalerl.models.paths import resolve_model_path
+
         tokenizer.save_pretrained(folder / "tokenizer")
+        AutoConfig.from_pretrained(resolve_model_path(str(model))).save_pretrained(folder / "tokenizer")
         settings["tokenizer"] = str(folder / "tokenizer")
     return settings
 

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from scalerl.errors import ScaleRLError
 from scalerl.rewards.components import Component, RewardInputs
 from scalerl.rewards.fusion import (
     DynamicState,
@@ -34,6 +33,7 @@ from scalerl.rewards.fusion import (
     weighted_sum,
 )
 from scalerl.rewards.safe_call import RewardCallError
+from scalerl.rewards.sources import PYTHON, in_process
 
 if TYPE_CHECKING:
     from scalerl.config import RewardConfig
@@ -171,18 +171,6 @@ class RewardScorer:
     def close(self) -> None:
         for comp in self.components:
             comp.close()
-
-
-PYTHON = "python:"  # `function: python:NAME`: a callable handed to the Python API, not an import path
-
-
-def in_process(spec: str, functions: Mapping[str, Callable] | None) -> Callable:
-    """The callable that `python:NAME` names, or a one-line error (a config from a Python API run, started elsewhere)."""
-    name = spec[len(PYTHON):]
-    if functions is None or name not in functions:
-        raise ScaleRLError(f"reward component function {spec}: names a Python callable handed to scalerl.Trainer in its own "
-                           "script; it exists only there. Run it from that script, or name the function as module:function")
-    return functions[name]
 
 
 def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torch.device | str,

@@ -37,7 +37,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
     `producer`: where an async run's producer runs (default: a process beside this one; a Ray actor under
     `scalerl launch --ray`); `reward_funcs`: the Python API's reward callables (scalerl/api/), by the NAME of
     the reward components that name them `function: python:NAME`."""
-    check_once(config)
+    check_once(config, reward_funcs)
     ctx = init_distributed(config.train.device)
     try:
         with GracefulStop() as stop:
