@@ -1,7 +1,8 @@
 """Built-in `reward_model` environment: open-ended prompts with no verifier.
 
-The prompts come from a JSONL file with a `prompt` column (an `answer` column, if present, is passed
-on to function reward components as `answers`; other columns go to `Task.meta`). The shipped set,
+The prompts come from a JSONL file with a `prompt` column (an `answer` column, if present, is also passed
+on to function reward components as `answers`; every other column goes to `Task.meta` and reaches reward
+functions by name). The shipped set,
 `data/open_prompts.jsonl`, holds 40 short lowercase prompts that the built-in character tokenizer
 can encode. The last `num_eval` lines of the file are held out unless `eval_file` gives a separate
 held-out set.
