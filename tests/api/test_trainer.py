@@ -151,3 +151,22 @@ def test_the_cli_refuses_a_python_callable_by_name_in_one_line(runs):
     assert out.returncode == 2, out.stderr[-2000:]
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "python:rw" in line and "module:function" in line
+
+
+@pytest.mark.slow
+def test_the_example_script_runs_and_learns(tmp_path):
+    """examples/python_api.py as a user runs it (from their own folder): it trains, and the held-out reward rises."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py")], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("held-out reward:"))
+    before, after = (float(x) for x in line.split("|")[0].split(":")[1].split("->"))
+    assert after > before
+    assert (tmp_path / "runs" / "python-api-model" / "config.json").is_file()
