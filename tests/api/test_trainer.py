@@ -164,7 +164,7 @@ def test_the_example_script_runs_and_learns(tmp_path):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py")], capture_output=True, text=True, cwd=tmp_path,
-                         env=env, timeout=600)
+                         env=env, timeout=600, check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     line = next(ln for ln in out.stdout.splitlines() if ln.startswith("held-out reward:"))
     before, after = (float(x) for x in line.split("|")[0].split(":")[1].split("->"))
