@@ -92,3 +92,14 @@ def test_the_loss_and_clipping_fields_map_to_scalerls_objective():
     assert (cispo["algorithm.name"], cispo["algorithm.eps_max"]) == ("cispo", 5.0)
     assert scalerl_overrides(GRPOConfig(bf16=True), rows=16)["precision.mode"] == "standard"
     assert scalerl_overrides(GRPOConfig(bf16=False), rows=16)["precision.mode"] == "fp32"
+
+
+def test_a_reward_function_is_called_by_keyword_as_trl_calls_it():
+    """TRL calls f(prompts=..., completions=..., **columns): a function that names only `completions` works, in process
+    (the Python API) and in a worker process (`function: module:function`), which both go through call_function."""
+    from scalerl.rewards.safe_call import call_function
+
+    def reward_num_unique_chars(completions, **kwargs):
+        return [len(set(c)) for c in completions]
+
+    assert call_function(reward_num_unique_chars, "f", ["p", "q"], ["aab", "x"], {"col": [1, 2]}, 1.0) == [2.0, 1.0]
