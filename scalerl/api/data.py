@@ -16,6 +16,20 @@ from typing import Any
 
 from scalerl.errors import ScaleRLError
 from scalerl.files import write_atomically
+from scalerl.jsonl import read_objects
+
+# keyword arguments a reward function receives besides the columns (scalerl/rewards/components.py): a column of one
+# of these names would be shadowed by it, or collide with it, so it is refused
+RESERVED = ("prompts", "completions", "answers", "tasks", "finished", "group_ids")
+
+
+def check_columns(row: dict, where: str) -> None:
+    if not ("prompt" in row or "messages" in row):
+        raise ScaleRLError(f"{where} has no 'prompt' column; each row needs a 'prompt' (text or chat messages)")
+    taken = [name for name in RESERVED if name in row]
+    if taken:
+        raise ScaleRLError(f"{where} has a column '{taken[0]}', a name reward functions already receive "
+                           f"({', '.join(RESERVED)}); rename the column")
 
 
 def dataset_file(dataset: Any, folder: Path, stem: str, where: str) -> tuple[Path, int]:
@@ -25,14 +39,18 @@ def dataset_file(dataset: Any, folder: Path, stem: str, where: str) -> tuple[Pat
         path = Path(dataset)
         if not path.is_file():
             raise ScaleRLError(f"{where}: {path} is not a file; give a JSONL file, a list of dicts or a datasets.Dataset")
-        return path, sum(1 for line in path.read_text().splitlines() if line.strip())
+        rows = read_objects(path, expected="a 'prompt'", where=where)
+        for i, row in rows:
+            check_columns(row, f"{where}: {path}:{i}")
+        return path, len(rows)
     if isinstance(dataset, dict) or not isinstance(dataset, Iterable):
         raise ScaleRLError(f"{where}: got {type(dataset).__name__}; give a list of dicts (one per row), a datasets.Dataset "
                            "or a JSONL path")
     lines = []
     for i, row in enumerate(dataset):
-        if not isinstance(row, dict) or not ("prompt" in row or "messages" in row):
-            raise ScaleRLError(f"{where}: row {i} has no 'prompt' column; each row needs a 'prompt' (text or chat messages)")
+        if not isinstance(row, dict):
+            raise ScaleRLError(f"{where}: row {i} is a {type(row).__name__}; give rows as dicts of columns")
+        check_columns(row, f"{where}: row {i}")
         try:
             lines.append(json.dumps(row, ensure_ascii=False))
         except (TypeError, ValueError) as err:

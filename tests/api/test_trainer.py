@@ -133,6 +133,8 @@ def test_a_config_object_or_a_yaml_path_is_the_base(runs, tmp_path):
 def test_one_line_errors(runs):
     with pytest.raises(ScaleRLError, match="row 1 has no 'prompt' column"):
         Trainer(reward_funcs=len, train_dataset=[{"prompt": "a"}, {"question": "b"}], config=tiny(runs, "e1"))
+    with pytest.raises(ScaleRLError, match="row 0 has a column 'answers', a name reward functions already receive"):
+        Trainer(reward_funcs=len, train_dataset=[{"prompt": "a", "answers": 1}, {"prompt": "b", "answers": 2}], config=tiny(runs, "e4"))
     with pytest.raises(ScaleRLError, match="reward_weights: 1 weights for 2 reward functions"):
         Trainer(reward_funcs=[len, len], reward_weights=[1.0], train_dataset=ROWS, config=tiny(runs, "e2"))
     with pytest.raises(ScaleRLError, match="rollout.mode=async .* cannot call the reward functions"):
