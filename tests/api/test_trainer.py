@@ -118,6 +118,7 @@ def test_reward_weights_fuse_several_callables(runs):
                                     lambda prompts, completions, **kw: [2.0] * len(completions)],
                       reward_weights=[0.5, 2.0], train_dataset=ROWS, config=tiny(runs, "weights", **{"train.steps": 1}))
     assert [c.name for c in trainer.config.reward.components] == ["_lambda_", "_lambda__1"]
+    assert trainer.evaluate() == pytest.approx(0.5 * 1.0 + 2.0 * 2.0)  # before training: the starting model
     trainer.train()
     assert trainer.evaluate() == pytest.approx(0.5 * 1.0 + 2.0 * 2.0)
 
