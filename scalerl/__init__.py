@@ -1,3 +1,17 @@
-"""ScaleRL: reinforcement-learning post-training for language models."""
+"""ScaleRL: reinforcement-learning post-training for language models.
+
+`from scalerl import Trainer, Config`: the Python API (scalerl/api/trainer.py), imported on first use so that
+`scalerl --help` and the reward-function workers, which import this package, do not load torch.
+"""
+
+import importlib
 
 __version__ = "0.1.0"
+
+__all__ = ["Config", "Trainer"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module("scalerl.api.trainer"), name)
+    raise AttributeError(f"module 'scalerl' has no attribute {name!r}")

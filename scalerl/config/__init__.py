@@ -9,7 +9,7 @@
     resume.py   the saved config of a run being resumed, and what may change mid-run
 """
 
-from scalerl.config.load import dump_config, load_config, override_items, parse_override, read_yaml_mapping
+from scalerl.config.load import dump_config, load_config, override_items, parse_override, read_yaml_mapping, with_overrides
 from scalerl.config.presets import CLUSTER_PRESETS, LEGACY_PRECISION, PRESETS, cluster_nodes, cluster_values
 from scalerl.config.root import Config
 from scalerl.config.schema import (
@@ -56,7 +56,7 @@ from scalerl.config.schema import (
 
 __all__ = [
     # the root and its loading (root.py, load.py)
-    "Config", "dump_config", "load_config", "override_items", "parse_override", "read_yaml_mapping",
+    "Config", "dump_config", "load_config", "override_items", "parse_override", "read_yaml_mapping", "with_overrides",
     # what rewrites the input (presets.py)
     "CLUSTER_PRESETS", "LEGACY_PRECISION", "PRESETS", "cluster_nodes", "cluster_values",
     # the sections (schema.py)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+from typing import Callable, Mapping
 
 from scalerl.config import Config
 from scalerl.envs.registry import validate_env_args
@@ -27,8 +28,9 @@ from scalerl.models.paths import (
 from scalerl.rewards.sources import check_reward_sources
 
 
-def check_config(config: Config) -> Config:
-    """Raise ScaleRLError (one line, naming the field) for a bad reference; returns the config."""
+def check_config(config: Config, reward_funcs: Mapping[str, Callable] | None = None) -> Config:
+    """Raise ScaleRLError (one line, naming the field) for a bad reference; returns the config.
+    `reward_funcs`: the Python API's reward callables, which `function: python:NAME` components name."""
     check_run_dir(config)
     check_metrics_host(config)
     validate_env_args(config.env.name, config.env.args)
@@ -46,15 +48,15 @@ def check_config(config: Config) -> Config:
         if os.path.isdir(folder):
             check_weights(folder, field)
             check_tokenizer_files(folder, field)
-    check_reward_sources(config)
+    check_reward_sources(config, reward_funcs)
     config._checked = id(config)
     return config
 
 
-def check_once(config: Config) -> Config:
+def check_once(config: Config, reward_funcs: Mapping[str, Callable] | None = None) -> Config:
     """`check_config`, unless this config object passed it already (the CLI checks before it trains; a
     config built in Python is checked when training starts)."""
-    return config if config._checked == id(config) else check_config(config)
+    return config if config._checked == id(config) else check_config(config, reward_funcs)
 
 
 def check_tokenizer_files(folder: str, field: str) -> None:

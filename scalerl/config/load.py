@@ -171,6 +171,17 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     return config
 
 
+def with_overrides(config: Config, overrides: dict[str, Any]) -> Config:
+    """`config` with dotted-key `overrides` set, validated again (the Python API's keyword overrides)."""
+    tree = yaml.safe_load(dump_config(config))
+    for key, value in overrides.items():
+        _set_dotted(tree, key, value)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as err:
+        raise ScaleRLError(_format_error(err)) from None
+
+
 def dump_config(config: Config) -> str:
     tree = config.model_dump(mode="json")
     algorithm = tree["algorithm"]

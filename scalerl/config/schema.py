@@ -190,7 +190,7 @@ class RewardComponentConfig(_Section):
 
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Name in metrics (reward/<name>_mean, reward/weight/<name>).")
     model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`).")
-    function: str | None = Field(None, description="'module:function' with TRL's signature f(prompts, completions, **kwargs) -> list[float], sync or async; kwargs: answers, tasks, finished, group_ids.")
+    function: str | None = Field(None, description="'module:function' with TRL's signature f(prompts, completions, **kwargs) -> list[float], sync or async; kwargs: the data's columns by name, answers, tasks, finished, group_ids. 'python:NAME': a callable handed to the Python API (scalerl.Trainer), called in the trainer's process.")
     env: bool = Field(False, description="Score with the environment's own verifier.")
     weight: float = Field(1.0, ge=0, description="Weight in the fusion (dynamic_weight: the base weight w0).")
     normalize: Literal["none", "sigmoid", "batch"] = Field("none", description="model only: none: the raw score; sigmoid: σ(score); batch: standardised over the step's batch.")

@@ -1,7 +1,8 @@
 """Built-in `reward_model` environment: open-ended prompts with no verifier.
 
-The prompts come from a JSONL file with a `prompt` column (an `answer` column, if present, is passed
-on to function reward components as `answers`; other columns go to `Task.meta`). The shipped set,
+The prompts come from a JSONL file with a `prompt` column (an `answer` column, if present, is also passed
+on to function reward components as `answers`; every other column goes to `Task.meta` and reaches reward
+functions by name). The shipped set,
 `data/open_prompts.jsonl`, holds 40 short lowercase prompts that the built-in character tokenizer
 can encode. The last `num_eval` lines of the file are held out unless `eval_file` gives a separate
 held-out set.
@@ -43,7 +44,7 @@ def read_prompts(path: Path) -> list[Task]:
         if "prompt" not in row:
             raise ScaleRLError(f"{path}:{i}: expected a JSON object with a string 'prompt'")
         text, messages = conversational_prompt(row.pop("prompt"), f"{path}:{i}")
-        answer = row.pop("answer", None)
+        answer = row.get("answer")  # also kept in meta, as it was: reward functions receive the column by name
         meta = {**row, **({"messages": messages} if messages is not None else {})}
         tasks.append(Task(prompt=text, answer=None if answer is None else str(answer), meta=meta))
     return tasks

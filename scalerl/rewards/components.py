@@ -3,7 +3,8 @@
     env        the environment's own verifier (the score the trainer computes anyway)
     model      a Hugging Face sequence-classification folder, batched (`RewardModelScorer`)
     function   'module:function' with TRL's signature f(prompts, completions, **kwargs) -> list[float],
-               run in a worker process with a timeout (`safe_call.FunctionWorker`)
+               run in a worker process with a timeout (`safe_call.FunctionWorker`); or 'python:NAME', a
+               callable handed to the Python API (scalerl/api/), called in the trainer's process
 
 A component returns (B,) float32 scores on the CPU, with NaN for an entry it could not score, or
 raises `RewardCallError` when the whole call failed; `scorer.RewardScorer` turns both into the
@@ -12,13 +13,14 @@ fallback reward and counts them.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from scalerl.types import Completion, Task
-from scalerl.rewards.safe_call import FunctionWorker, RewardCallError
+from scalerl.rewards.safe_call import FunctionWorker, RewardCallError, call_function, check_length
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,11 @@ class RewardInputs:
                    group_ids=list(group_ids), env_scores=env_scores)
 
     def function_kwargs(self) -> dict:
-        """Keyword arguments of a function component (TRL passes dataset columns the same way)."""
-        return {"answers": [t.answer for t in self.tasks], "tasks": self.tasks, "finished": self.finished,
+        """Keyword arguments of a function component: the data's columns by name, as TRL passes them (a task's
+        `meta`: the columns of its data row other than the prompt), then answers, tasks, finished, group_ids."""
+        names = dict.fromkeys(key for t in self.tasks for key in t.meta if key != "messages")  # in first-seen order
+        columns = {name: [t.meta.get(name) for t in self.tasks] for name in names}
+        return {**columns, "answers": [t.answer for t in self.tasks], "tasks": self.tasks, "finished": self.finished,
                 "group_ids": self.group_ids}
 
 
@@ -128,3 +133,31 @@ class FunctionComponent:
 
     def close(self) -> None:
         self.worker.close()
+
+
+class CallableComponent:
+    """A Python callable handed to the Python API (`function: python:NAME`), called in the trainer's process: an
+    object made in the user's script (a closure, a lambda, a function of `__main__`) has no import path a worker
+    process could import. Exceptions and bad results are contained as a worker's are (`RewardCallError`, the
+    fallback, counted); unlike a worker, nothing bounds a call's time, so a call that hangs holds the run."""
+
+    def __init__(self, name: str, spec: str, fn: Callable[..., Any], *, timeout_s: float):
+        self.name, self.source, self.fn, self.timeout_s = name, spec, fn, timeout_s
+
+    def submit(self, inputs: RewardInputs) -> None:
+        pass  # called in `score`, in this process
+
+    def score(self, inputs: RewardInputs) -> torch.Tensor:
+        try:  # timeout_s bounds an `async def` only (asyncio.wait_for)
+            result = call_function(self.fn, self.source, inputs.prompts, inputs.completions, inputs.function_kwargs(), self.timeout_s)
+            scores = check_length(result, len(inputs.completions), self.source)
+        except RewardCallError:
+            raise
+        except TimeoutError as err:
+            raise RewardCallError("timeout", f"{self.source} did not finish within {self.timeout_s:g} s (async, cancelled)") from err
+        except Exception as err:  # the user's code: contained like a worker's failure, reported with its traceback
+            raise RewardCallError("error", traceback.format_exc()) from err
+        return torch.tensor(scores, dtype=torch.float32)
+
+    def close(self) -> None:
+        pass  # holds nothing

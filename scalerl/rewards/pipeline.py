@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -89,11 +89,12 @@ class RewardPipeline:
 
 
 def build_reward_pipeline(config: RewardConfig, env, *, group_size: int, policy: torch.nn.Module, autocast: Callable,
-                          ctx: DistContext, run_dir: Path) -> RewardPipeline:
-    """`policy` and `autocast` serve the diversity penalty's default embedder (the policy's own hidden states)."""
+                          ctx: DistContext, run_dir: Path, functions: Mapping[str, Callable] | None = None) -> RewardPipeline:
+    """`policy` and `autocast` serve the diversity penalty's default embedder (the policy's own hidden states);
+    `functions`: the Python API's reward callables (`function: python:NAME`)."""
     from scalerl.rewards.scorer import build_reward_scorer
 
-    scorer = build_reward_scorer(config, group_size=group_size, device=ctx.device)
+    scorer = build_reward_scorer(config, group_size=group_size, device=ctx.device, functions=functions)
     pool = RewardPool(config.num_workers, {"env": env.score})
     pool.start()
     cap = RewardCap(quantile=config.cap.quantile, window=config.cap.window, warmup_steps=config.cap.warmup_steps) if config.cap.enabled else None

@@ -89,11 +89,12 @@ def check_length(scores: list[float], n: int, spec: str) -> list[float]:
 def call_function(fn: Callable[..., Any], spec: str, prompts: list[str], completions: list[str],
                   kwargs: dict[str, Any], timeout_s: float) -> list[float]:
     """Call `fn` here (sync, or async under `asyncio.wait_for(timeout_s)`) and return its floats.
-    This is what the worker runs; it has no protection against a blocking function by itself."""
+    This is what the worker runs; it has no protection against a blocking function by itself.
+    By keyword, as TRL calls a reward function: `def f(completions, **kwargs)` takes what it names."""
     if inspect.iscoroutinefunction(fn):
-        result = asyncio.run(asyncio.wait_for(fn(prompts, completions, **kwargs), timeout_s))
+        result = asyncio.run(asyncio.wait_for(fn(prompts=prompts, completions=completions, **kwargs), timeout_s))
     else:
-        result = fn(prompts, completions, **kwargs)
+        result = fn(prompts=prompts, completions=completions, **kwargs)
         if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
             result = asyncio.run(asyncio.wait_for(result, timeout_s))
     return as_scores(result, spec)

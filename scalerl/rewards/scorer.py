@@ -21,7 +21,7 @@ calls, which loses no scores).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -33,6 +33,7 @@ from scalerl.rewards.fusion import (
     weighted_sum,
 )
 from scalerl.rewards.safe_call import RewardCallError
+from scalerl.rewards.sources import PYTHON, in_process
 
 if TYPE_CHECKING:
     from scalerl.config import RewardConfig
@@ -172,10 +173,13 @@ class RewardScorer:
             comp.close()
 
 
-def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torch.device | str) -> RewardScorer | None:
+def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torch.device | str,
+                        functions: Mapping[str, Callable] | None = None) -> RewardScorer | None:
     """The scorer for `reward` config: its components, or `reward.model` alone as one component
-    named reward_model with weight 1 (exactly the reward model's score); None: the environment's reward."""
+    named reward_model with weight 1 (exactly the reward model's score); None: the environment's reward.
+    `functions`: the Python API's callables, by the NAME of their components' `function: python:NAME`."""
     from scalerl.rewards.components import (
+        CallableComponent,
         EnvComponent,
         FunctionComponent,
         ModelComponent,
@@ -193,6 +197,8 @@ def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torc
                 components.append(EnvComponent(c.name))
             elif c.model is not None:
                 components.append(ModelComponent(c.name, c.model, device, batch_size=reward.batch_size, normalize=c.normalize))
+            elif c.function.startswith(PYTHON):
+                components.append(CallableComponent(c.name, c.function, in_process(c.function, functions), timeout_s=c.timeout_s))
             else:
                 components.append(FunctionComponent(c.name, c.function, timeout_s=c.timeout_s))
     except BaseException:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from scalerl.errors import ScaleRLError
 
@@ -18,15 +18,30 @@ def env_has_verifier(env_name: str) -> bool:
     return bool(getattr(resolve_env_class(env_name), "verifier", True))
 
 
-def check_reward_sources(config: "Config") -> None:
-    """Model folders exist, functions import, and a verifier-less environment has another reward."""
+PYTHON = "python:"  # `function: python:NAME`: a callable handed to the Python API (scalerl/api/), not an import path
+
+
+def in_process(spec: str, functions: Mapping[str, Callable] | None, where: str = "reward component function") -> Callable:
+    """The callable that `python:NAME` names, or a one-line error (a config of a Python API run, started elsewhere)."""
+    name = spec[len(PYTHON):]
+    if functions is None or name not in functions:
+        raise ScaleRLError(f"{where}={spec} names a Python callable handed to scalerl.Trainer in its own script, which "
+                           "alone holds it; run it from that script, or name the function as module:function")
+    return functions[name]
+
+
+def check_reward_sources(config: "Config", functions: Mapping[str, Callable] | None = None) -> None:
+    """Model folders exist, functions import (or, `python:NAME`, are among the Python API's `functions`), and a
+    verifier-less environment has another reward."""
     from scalerl.models.paths import resolve_model_path
     from scalerl.rewards.safe_call import resolve_function
 
     for i, comp in enumerate(config.reward.components):
         if comp.model is not None:
             resolve_model_path(comp.model, f"reward.components.{i}.model")
-        if comp.function is not None:
+        if comp.function is not None and comp.function.startswith(PYTHON):
+            in_process(comp.function, functions, f"reward.components.{i}.function")
+        elif comp.function is not None:
             resolve_function(comp.function, f"reward.components.{i}.function")
     if env_has_verifier(config.env.name):
         return

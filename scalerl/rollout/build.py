@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Callable, Mapping
 
 import torch
 
@@ -72,10 +73,10 @@ def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, devic
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
-                  gather=None, engine: str | None = None) -> RolloutWorker:
+                  gather=None, engine: str | None = None, functions: Mapping[str, Callable] | None = None) -> RolloutWorker:
     """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
     embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole); `engine` the
-    sampler's (default `rollout.engine`)."""
+    sampler's (default `rollout.engine`); `functions` the Python API's reward callables (`function: python:NAME`)."""
     engine = engine or config.rollout.engine
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
@@ -90,7 +91,7 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
         return stack
 
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=whole_policy,
-                                    ctx=ctx, run_dir=run_dir)
+                                    ctx=ctx, run_dir=run_dir, functions=functions)
     ro, algo = config.rollout, config.algorithm
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
                             min_new_tokens=ro.min_new_tokens)

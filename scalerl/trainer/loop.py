@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from scalerl.config import Config
 from scalerl.config.checks import check_once
@@ -31,15 +31,17 @@ from scalerl.trainer.step import train_step
 __all__ = ["build_roles", "train", "train_step"]
 
 
-def train(config: Config, *, resume: bool = False, overwrite: bool = False, producer: ProducerProcess | None = None) -> dict[str, Any]:
+def train(config: Config, *, resume: bool = False, overwrite: bool = False, producer: ProducerProcess | None = None,
+          reward_funcs: Mapping[str, Callable] | None = None) -> dict[str, Any]:
     """Run (or resume) a training job; returns the summary that is also written to summary.json.
     `producer`: where an async run's producer runs (default: a process beside this one; a Ray actor under
-    `scalerl launch --ray`)."""
-    check_once(config)
+    `scalerl launch --ray`); `reward_funcs`: the Python API's reward callables (scalerl/api/), by the NAME of
+    the reward components that name them `function: python:NAME`."""
+    check_once(config, reward_funcs)
     ctx = init_distributed(config.train.device)
     try:
         with GracefulStop() as stop:
-            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer)
+            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer, reward_funcs)
             try:
                 warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
                 state = restore(rollout, learner, ctx, run_dir, config.train.seed, warn) if resume else {"step": 0}

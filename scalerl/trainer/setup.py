@@ -10,7 +10,7 @@ import logging
 import shutil
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 import yaml
@@ -104,9 +104,14 @@ def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: boo
 
 
 def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False,
-                producer: ProducerProcess | None = None) -> tuple[RolloutSide, LearnerSide, Path]:
+                producer: ProducerProcess | None = None, reward_funcs: Mapping[str, Callable] | None = None
+                ) -> tuple[RolloutSide, LearnerSide, Path]:
     """The rollout side and the learner around one policy (shared in this process), and the run directory.
-    `producer`: where an async run's producer runs (default: a process spawned beside this one)."""
+    `producer`: where an async run's producer runs (default: a process spawned beside this one); `reward_funcs`:
+    the Python API's reward callables, which only this process holds (so never with rollout.mode=async)."""
+    if reward_funcs and config.rollout.mode == "async":
+        raise ScaleRLError("rollout.mode=async samples in another process, which cannot call the reward functions of this "
+                           "script; use rollout.mode=sync, or name the functions as module:function")
     run_dir = check_run_dir(config, resume, overwrite)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
@@ -125,7 +130,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     # async: batches come from a producer process, with rollout.engine there; this worker only evaluates, on the
     # learner's own modules (the HF engine: nothing to sync, no second vLLM engine and KV cache in this process)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
-                            gather=lambda: learner.parallel.gathered(learner.policy_forward), engine="hf" if asynchronous else None)
+                            gather=lambda: learner.parallel.gathered(learner.policy_forward), engine="hf" if asynchronous else None,
+                            functions=reward_funcs)
     if asynchronous:
         rollout = AsyncRollout(rollout, config, run_dir, producer)
         publish_weights(rollout, learner)

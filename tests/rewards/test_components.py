@@ -247,7 +247,8 @@ def test_reward_model_env_ships_prompts_the_char_tokenizer_encodes(tmp_path):
     own = tmp_path / "p.jsonl"
     own.write_text(json.dumps({"prompt": "hi:", "answer": 7, "topic": "x"}) + "\n" + json.dumps({"prompt": "yo:"}) + "\n")
     env = build_env("reward_model", {"file": str(own), "num_eval": 1})
-    assert env.train_tasks() == [Task("hi:", "7", {"topic": "x"})] and env.eval_tasks() == [Task("yo:")]
+    # the answer column stays in meta with its own type too: reward functions receive it by name, as TRL passes it
+    assert env.train_tasks() == [Task("hi:", "7", {"answer": 7, "topic": "x"})] and env.eval_tasks() == [Task("yo:")]
     with pytest.raises(ScaleRLError, match="leaves no training prompts"):
         build_env("reward_model", {"file": str(own), "num_eval": 2})
 
