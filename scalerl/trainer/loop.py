@@ -36,7 +36,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
     `producer`: where an async run's producer runs (default: a process beside this one; a Ray actor under
     `scalerl launch --ray`)."""
     check_once(config)
-    ctx = init_distributed(config.train.device)
+    ctx = init_distributed(config.train.device, config.health.hang.deadline_s)
     try:
         with GracefulStop() as stop:
             rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer)
