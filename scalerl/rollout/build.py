@@ -90,7 +90,7 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
         return stack
 
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=whole_policy,
-                                    ctx=ctx, run_dir=run_dir)
+                                    ctx=ctx, run_dir=run_dir, deadline_s=config.health.hang.deadline_s)
     ro, algo = config.rollout, config.algorithm
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
                             min_new_tokens=ro.min_new_tokens)
