@@ -120,9 +120,8 @@ def peer_silent(err: BaseException, rank: int, world_size: int, deadline_s: floa
         return None
     peers = "rank 1" if world_size == 2 and rank == 0 else "rank 0" if world_size == 2 else f"one of the other {world_size - 1} ranks"
     return Hung(f"rank {rank} of {world_size} waited {deadline_s:g} s in a collective and {peers} did not answer "
-                f"(health.hang.deadline_s={deadline_s:g}): that process is stopped, hung or on a lost host; the run stops, its "
-                "last checkpoint is kept (resume with --resume; raise health.hang.deadline_s if one rank legitimately works "
-                "alone that long)", part=f"torchrun peer ({peers})")
+                f"(health.hang.deadline_s={deadline_s:g}): that process is stopped, hung or on a lost host (raise the deadline if "
+                "one rank legitimately works alone that long)", part=f"torchrun peer ({peers})")
 
 
 class Overrun:

@@ -68,7 +68,8 @@ def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, devic
     return VLLMSampler(folder, pad_id=tokenizer.pad_token_id, stop_ids=stop_ids or tokenizer.eos_token_id, device=device,
                        dtype=engine_dtype(pp.autocast_dtype, pp.weights_dtype), fp32_head=pp.fp32_lm_head,
                        kv_cache_gb=vc.kv_cache_gb, max_model_len=vc.max_model_len, enforce_eager=vc.enforce_eager,
-                       gpu_memory_utilization=vc.gpu_memory_utilization, seed=config.train.seed)
+                       gpu_memory_utilization=vc.gpu_memory_utilization, seed=config.train.seed,
+                       deadline_s=config.health.hang.deadline_s)
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,

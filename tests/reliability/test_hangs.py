@@ -213,3 +213,20 @@ def test_a_stopped_reward_pool_worker_is_given_up_and_the_pool_replaced(tmp_path
     fault("hangs", "a reward pool worker (reward.num_workers=2) SIGSTOPs itself mid-call, deadline_s=3 (unit)",
           f"the call returned after {elapsed:.0f} s with the {len(lost)} items of the stopped chunk at the fallback, the other "
           f"{16 - len(lost)} scored; counted (reward_hung_workers 1); the pool killed and rebuilt; the next call scored all 16")
+
+
+def test_a_vllm_call_past_the_deadline_is_reported_once_and_a_prompt_one_never():
+    """The vLLM engine runs in the trainer's process, so its generate call cannot be interrupted: the watchdog
+    (`Overrun`, wrapped around VLLMSampler's generate and weight reload) says in one line that it overran."""
+    from scalerl.distributed.watchdog import Overrun
+
+    lines: list[str] = []
+    reported = threading.Event()
+    with Overrun("vLLM engine's generate call (8 requests)", 0.2, lambda line: (lines.append(line), reported.set())) as slow:
+        assert reported.wait(30)  # the call "hangs" until the watchdog has spoken
+    assert slow.overran and len(lines) == 1
+    assert lines[0].startswith("the vLLM engine's generate call (8 requests) has not returned after 0.2 s (health.hang.deadline_s)")
+    with Overrun("vLLM engine's generate call (8 requests)", 0.5, lines.append) as quick:
+        pass
+    time.sleep(1.0)  # past its deadline: a call that returned is never reported
+    assert not quick.overran and len(lines) == 1
