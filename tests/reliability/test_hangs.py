@@ -121,7 +121,7 @@ def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path,
     with open(log, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "scalerl.cli.main", "train", "--nproc", "2", *_args(overrides)], cwd=ROOT,
                                 env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
-    stopped = None
+    ranks: dict[int, int] = {}
     try:
         _wait_for(lambda: ckpt.latest_checkpoint(root) is not None, proc, "the first checkpoint", timeout=240)
         ranks = _rank_pids(proc.pid)
@@ -134,7 +134,8 @@ def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path,
         elapsed = time.monotonic() - stopped_at
     finally:
         proc.kill()
-        _release(stopped)
+        for pid in ranks.values():  # the stopped rank above all; the others if the launcher went first
+            _release(pid)
     text = log.read_text()
     line = next((line for line in text.splitlines() if "did not answer" in line), text[-3000:])
     assert proc.returncode not in (0, None)
