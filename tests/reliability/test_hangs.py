@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, tiny_overrides
+from stopping_rewards import stops_on
 from scalerl.jsonl import read_metrics
 from scalerl.monitor.events import read_events
 from scalerl.trainer import checkpoint as ckpt
-from stopping_rewards import stops_on
 
 DEADLINE_S = 5
 MARGIN_S = 25  # the learner's poll, the checkpoint, the process's exit, a loaded 2-core machine
