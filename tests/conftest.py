@@ -82,6 +82,7 @@ def pytest_sessionfinish(session, exitstatus):
         order.setdefault(row["area"], len(order))
     rows = sorted(_ROWS, key=lambda r: order[r["area"]])
     held = sum(r["verdict"] == "held" for r in rows)
+    areas = ", ".join(f"{area} {sum(r['area'] == area for r in rows)}" for area in order)
     lines = [
         "# Reliability: every fault tried, and what happened",
         "",
@@ -89,8 +90,10 @@ def pytest_sessionfinish(session, exitstatus):
         "",
         "    python -m pytest tests/reliability --reliability-doc docs/reliability.md",
         "",
-        f"{held} of {len(rows)} faults held. *held*: the test that injected the fault passed, so the outcome",
-        "column is what its assertions checked; *FAILED*: the test failed and the outcome is what it expected.",
+        f"What was tried: {len(rows)} faults, injected by {len({r['test'] for r in rows})} tests ({areas}); {held} held, "
+        f"{len(rows) - held} FAILED. A fault that is not in this table was not tried.",
+        "*held*: the test that injected the fault passed, so the outcome column is what its assertions checked;",
+        "*FAILED*: the test failed and the outcome is what it expected.",
         "",
         "| area | fault injected | outcome | verdict | test |",
         "|---|---|---|---|---|",

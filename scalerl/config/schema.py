@@ -541,6 +541,19 @@ class HealthNoSignalConfig(_Section):
                        "of the step equal, or a zero gradient (advantages all 0, so the weights do not move).")
 
 
+class HealthHangConfig(_Section):
+    """Parts of a run that answer from elsewhere (another process, another rank) and can stop answering: each waits
+    at most a deadline, then says which part went silent (scalerl/distributed/watchdog.py)."""
+
+    deadline_s: float = Field(60.0, gt=0, description="A remote part that answers nothing for this long is reported in one line naming it: "
+                              "the async rollout producer (its heartbeat; the run stops with a checkpoint of the last finished step, "
+                              "--resume restarts the producer from it), a weight transfer to it, a reward worker of reward.num_workers "
+                              "(its items get the fallback, the pool is replaced), a torchrun peer (any collective waits at most this "
+                              "long, then the run stops), a vLLM generate call (reported only). Raise it when one rank legitimately "
+                              "works alone for longer (a long evaluation, a large checkpoint).")
+    startup_s: float = Field(300.0, gt=0, description="How long a new async rollout producer may take to join (spawn, import torch, build the model) before it is reported.")
+
+
 class HealthConfig(_Section):
     enabled: bool = Field(True, description="Health rules every step: events.jsonl, console lines, health/* metrics, automatic responses.")
     window: int = Field(20, ge=2, description="Recent steps the collapse and KL-jump rules compare against.")
@@ -555,3 +568,4 @@ class HealthConfig(_Section):
     pass_rate_drop: HealthPassRateDropConfig = Field(default_factory=HealthPassRateDropConfig)
     phase: HealthPhaseConfig = Field(default_factory=HealthPhaseConfig)
     no_signal: HealthNoSignalConfig = Field(default_factory=HealthNoSignalConfig)
+    hang: HealthHangConfig = Field(default_factory=HealthHangConfig)

@@ -7,6 +7,7 @@ the identity, so the training loop never branches on whether it is distributed. 
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import random
@@ -90,15 +91,19 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def init_distributed(device_preference: str = "auto") -> DistContext:
-    """Join the process group started by torchrun, or return rank 0 of 1."""
+def init_distributed(device_preference: str = "auto", timeout_s: float | None = None) -> DistContext:
+    """Join the process group started by torchrun, or return rank 0 of 1. `timeout_s` (`health.hang.deadline_s`): how
+    long a collective waits for the other ranks before it raises (torch's default is 30 minutes), so that a rank that
+    stops answering is reported within it (scalerl/distributed/watchdog.py `peer_silent`). Under gloo the waiting
+    ranks raise "Timed out waiting"; under NCCL the watchdog aborts the waiting process after it."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_preference, local_rank)
     if world_size > 1 and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        start_process_group("nccl" if device.type == "cuda" else "gloo", **_restart_store(rank, world_size))
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        start_process_group("nccl" if device.type == "cuda" else "gloo", **timeout, **_restart_store(rank, world_size))
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 

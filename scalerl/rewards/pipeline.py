@@ -89,13 +89,15 @@ class RewardPipeline:
 
 
 def build_reward_pipeline(config: RewardConfig, env, *, group_size: int, policy: torch.nn.Module, autocast: Callable,
-                          ctx: DistContext, run_dir: Path, functions: Mapping[str, Callable] | None = None) -> RewardPipeline:
+                          ctx: DistContext, run_dir: Path, functions: Mapping[str, Callable] | None = None,
+                          deadline_s: float | None = None) -> RewardPipeline:
     """`policy` and `autocast` serve the diversity penalty's default embedder (the policy's own hidden states);
-    `functions`: the Python API's reward callables (`function: python:NAME`)."""
+    `functions`: the Python API's reward callables (`function: python:NAME`); `deadline_s`: how long the pool of
+    reward.num_workers may answer nothing (`health.hang.deadline_s`)."""
     from scalerl.rewards.scorer import build_reward_scorer
 
     scorer = build_reward_scorer(config, group_size=group_size, device=ctx.device, functions=functions)
-    pool = RewardPool(config.num_workers, {"env": env.score})
+    pool = RewardPool(config.num_workers, {"env": env.score}, deadline_s=deadline_s)
     pool.start()
     cap = RewardCap(quantile=config.cap.quantile, window=config.cap.window, warmup_steps=config.cap.warmup_steps) if config.cap.enabled else None
     embed: Embed | None = None

@@ -15,7 +15,8 @@ Metrics per step: `reward/<name>_mean` (the component's mean score after fallbac
 `reward/<name>_failures`, `reward/weight/<name>` (the weight it had in the fusion), and for a
 function component `reward/<name>_restarts` (its worker processes replaced since the previous
 step: a timeout, a death during a call, which also shows in the failures, or a death between
-calls, which loses no scores).
+calls, which loses no scores) and `reward/<name>_hangs` (1 when its worker answered nothing within
+`timeout_s` this step and was replaced: the health guard reports it as a `hang` event).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class RewardScorer:
         self.state: DynamicState | None = None
         self._reported: set[tuple[str, str]] = set()
         self._restarts_seen = [getattr(c, "restarts", None) for c in components]  # None: no worker process
+        self.hangs = [0.0] * k  # per component: its worker answered nothing within timeout_s in the last call
         self.last_scores: dict[str, torch.Tensor] = {}  # name -> (B,) scores of the last step, for sample dumps
 
     @property
@@ -85,12 +87,14 @@ class RewardScorer:
         """(scores (K, B) float32 with failures replaced by the fallback, failures (K,) counts)."""
         b = len(inputs.completions)
         rows, failures = [], []
-        for comp, fallback in zip(self.components, self.fallbacks):
+        self.hangs = [0.0] * len(self.components)
+        for k, (comp, fallback) in enumerate(zip(self.components, self.fallbacks)):
             whole_call_failed = False
             try:
                 raw = comp.score(inputs)
             except RewardCallError as err:  # user code failed as a whole: contained, counted, reported once
                 self._warn_once(comp, err.kind, err.message, fallback)
+                self.hangs[k] = float(err.kind == "timeout")
                 raw, whole_call_failed = torch.full((b,), float("nan")), True
             bad = ~torch.isfinite(raw)  # (B,)
             if bad.any() and not whole_call_failed:
@@ -127,7 +131,8 @@ class RewardScorer:
         weights = self.weights(scores, ctx)
         self.last_scores = dict(zip(self.names, scores))
         restarts = torch.tensor(self._new_restarts(), dtype=torch.float64)  # (K,)
-        sums = torch.cat([scores.double().sum(1), failures, restarts, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])
+        hangs = torch.tensor(self.hangs, dtype=torch.float64)  # (K,)
+        sums = torch.cat([scores.double().sum(1), failures, restarts, hangs, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])
         if ctx is not None:
             sums = ctx.sum(sums)
         k = len(self.components)
@@ -137,6 +142,7 @@ class RewardScorer:
             metrics[f"reward/{name}_failures"] = float(sums[k + i])
             if self._restarts_seen[i] is not None:
                 metrics[f"reward/{name}_restarts"] = float(sums[2 * k + i])
+                metrics[f"reward/{name}_hangs"] = float(sums[3 * k + i])
             metrics[f"reward/weight/{name}"] = float(weights[i])
         return weighted_sum(scores, weights.float()), metrics
 

@@ -21,6 +21,11 @@ Rules:
 - A worker that died between calls (killed while idle) has broken the pool before the next call
   (the executor notices a death at once): the call's first submission fails, so the pool is
   rebuilt (counted as a restart, logged) and the call runs on the fresh pool, losing nothing.
+- A worker that stops answering (stopped with SIGSTOP, deadlocked, swapped out) neither dies nor
+  answers, so nothing breaks the pool: `deadline_s` bounds the wait instead (`health.hang.deadline_s`).
+  When no chunk of a call has come back for that long, the items still out get `fail_value` and are
+  counted (`reward_hung_workers` counts the calls), every worker is SIGKILLed (a stopped process dies
+  of it too) and the pool is rebuilt before the call returns.
 - Workers ignore SIGINT and SIGTERM (scalerl/rewards/worker_process.py), and so does the forkserver
   that starts them: the trainer stops the run gracefully on these and then closes the pool; a
   Ctrl-C or scancel reaching every process must not break the pool mid-step. Because the executor
@@ -38,7 +43,7 @@ import os
 import pickle
 import sys
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Mapping, Sequence
 
@@ -94,12 +99,15 @@ class RewardPool:
     """`num_workers` processes that score items; see the module docstring for the rules."""
 
     def __init__(self, num_workers: int, scorers: Mapping[str, ScoreFn] | None = None, *, start_method: str | None = None,
-                 chunks_per_worker: int = 4, fail_value: float = 0.0):
+                 chunks_per_worker: int = 4, fail_value: float = 0.0, deadline_s: float | None = None):
         if num_workers < 0 or chunks_per_worker < 1:
             raise ValueError(f"need num_workers >= 0 and chunks_per_worker >= 1, got {num_workers} and {chunks_per_worker}")
         if start_method == "fork":
             raise ValueError("start_method fork is unsafe after torch has started threads; use forkserver or spawn")
         self.num_workers, self.chunks_per_worker, self.fail_value = num_workers, chunks_per_worker, fail_value
+        self.deadline_s = deadline_s  # None: wait for the workers as long as it takes
+        self._hung = 0  # calls given up on a silent worker since the last pop_metrics()
+        self._silent = False  # the pool holds a silent worker: SIGKILL them all when it is shut down
         self.scorers = dict(scorers or {})
         self.start_method = start_method or default_start_method()
         self.restarts = 0  # pools rebuilt after a worker died, over the pool's life
@@ -186,18 +194,42 @@ class RewardPool:
                             future = None
                 pending.append((future, j, lo, hi))
         try:
-            for future, j, lo, hi in pending:
-                try:
-                    if future is None:
-                        raise BrokenProcessPool("not submitted: the pool was already broken")
-                    results[j][lo:hi] = future.result()
-                except BrokenProcessPool:  # contained by design: counted, the items keep fail_value
-                    self._failed += hi - lo
-                    broken = True
+            broken = self._collect(pending, results)
         finally:  # also when a scorer's exception propagates: never leave a broken pool behind
             if broken:
                 self._rebuild()
         return results
+
+    def _collect(self, pending: list[tuple[Future | None, int, int, int]], results: list[list[float]]) -> bool:
+        """Fill `results` as the chunks come back; whether the pool is broken (a worker died, or went silent for
+        `deadline_s`: then the chunks still out keep fail_value)."""
+        waiting: dict[Future, tuple[int, int, int]] = {}
+        broken = False
+        for future, j, lo, hi in pending:
+            if future is None:  # not submitted: the pool was already broken
+                self._failed += hi - lo
+                broken = True
+            else:
+                waiting[future] = (j, lo, hi)
+        while waiting:
+            done, _ = wait(waiting, timeout=self.deadline_s, return_when=FIRST_COMPLETED)
+            if not done:  # nothing came back for deadline_s: a worker is stopped or stuck
+                lost = sum(hi - lo for _, lo, hi in waiting.values())
+                log.warning("a reward worker process (of reward.num_workers=%d) answered nothing for %g s "
+                            "(health.hang.deadline_s); its %d item(s) get the fallback %g and the pool is replaced",
+                            self.num_workers, self.deadline_s, lost, self.fail_value)
+                self._failed += lost
+                self._hung += 1
+                self._silent = True
+                return True
+            for future in done:
+                j, lo, hi = waiting.pop(future)
+                try:
+                    results[j][lo:hi] = future.result()
+                except BrokenProcessPool:  # contained by design: counted, the items keep fail_value
+                    self._failed += hi - lo
+                    broken = True
+        return broken
 
     def _rebuild(self) -> None:
         assert self._executor is not None
@@ -212,15 +244,17 @@ class RewardPool:
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        if getattr(executor, "_broken", False):
+        silent, self._silent = self._silent, False
+        if silent or getattr(executor, "_broken", False):  # a silent worker never exits by itself, a stopped one not even on SIGTERM
             for process in list((getattr(executor, "_processes", None) or {}).values()):
                 process.kill()  # a no-op for one already reaped (no waitpid here: the executor's thread reaps)
         executor.shutdown(wait=True, cancel_futures=True)
 
     def pop_metrics(self) -> dict[str, float]:
         """Items lost to dead workers and pool rebuilds since the previous call (then reset)."""
-        metrics = {"reward_failed_items": float(self._failed), "reward_pool_restarts": float(self.restarts - self._restarts_seen)}
-        self._failed, self._restarts_seen = 0, self.restarts
+        metrics = {"reward_failed_items": float(self._failed), "reward_pool_restarts": float(self.restarts - self._restarts_seen),
+                   "reward_hung_workers": float(self._hung)}
+        self._failed, self._restarts_seen, self._hung = 0, self.restarts, 0
         return metrics
 
     def close(self) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +32,7 @@ import torch
 
 from scalerl.config import Config
 from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout
+from scalerl.distributed.watchdog import HeartbeatWatch, Hung, wait_answered
 from scalerl.errors import ScaleRLError
 from scalerl.rollout.worker import RolloutWorker
 from scalerl.rollout.producer import ProducerSpec, producer_main
@@ -122,6 +122,9 @@ class AsyncRollout:
         self._version = 0
         self.weights: Mapping[str, torch.Tensor] | None = None
         self.link, self.layout = None, None
+        self.watch: HeartbeatWatch | None = None  # the producer's heartbeat (scalerl/distributed/watchdog.py)
+        self.hung: Hung | None = None  # the producer stopped answering (it was killed)
+        self.hung_raised = False
         self.start_step, self.taken = 0, 0  # the producer's first step − 1; batches received since
         self.staleness_max = 0
 
@@ -137,22 +140,32 @@ class AsyncRollout:
                             self.producer.threads(self.config), self.producer.device(self.config, self.local.ctx.device))
         self.producer.start(spec)
         self.started = True
-        self.link = self._connect(store)
+        self.watch = HeartbeatWatch(port)
+        transport, device = self.config.rollout.weight_transport, self.local.ctx.device
+        self.link = self._answered(lambda: PairLink(store, 0, transport, device), "joined no link")
         print(f"async: the rollout producer is {self.producer.describe()}", file=sys.stderr)
         self.layout = WeightLayout.of(self.weights)
-        self.link.send_weights(self.layout, self.weights, self._version)
+        self._answered(lambda: self.link.send_weights(self.layout, self.weights, self._version), "took no weights")
 
-    def _connect(self, store) -> PairLink:
-        """Join the pair link, giving up when the producer dies before it joined (its traceback is the error)."""
-        result: dict[str, Any] = {}
-        transport, device = self.config.rollout.weight_transport, self.local.ctx.device
-        thread = threading.Thread(target=lambda: result.update(link=PairLink(store, 0, transport, device)), daemon=True)
-        thread.start()
-        while thread.is_alive():
-            thread.join(0.1)
-            if not self.producer.alive() and thread.is_alive():
-                self._fail(None)
-        return result["link"]
+    def _answered(self, transfer, waiting: str):
+        """`transfer()` (a blocking exchange with the producer), given up when the producer dies (its traceback is the
+        error) or its heartbeat is silent past the deadline (`health.hang`; before its first beat: `startup_s`)."""
+        hang = self.config.health.hang
+        return wait_answered(transfer, alive=self.producer.alive, silent_s=self.watch.silent_s,
+                             limit_s=lambda: hang.deadline_s if self.watch.started else hang.startup_s,
+                             on_death=lambda: self._fail(None), on_silence=lambda s: self._hung(s, waiting))
+
+    def _hung(self, silent_s: float, waiting: str):
+        """The producer stopped answering: it is killed (a stopped process too), and the run stops; a resume starts a
+        fresh producer from the state after the last batch taken, as after any stop."""
+        hang = self.config.health.hang
+        setting = f"health.hang.deadline_s={hang.deadline_s:g}" if self.watch.started else f"health.hang.startup_s={hang.startup_s:g}"
+        where = self.producer.describe() if self.watch.started else "starting"
+        self.producer.kill()
+        self.hung = Hung(f"the async rollout producer ({where}) sent no heartbeat for {silent_s:.0f} s ({setting}) and {waiting}; "
+                         "it was killed", part="async rollout producer")
+        self.hung_raised = True
+        raise self.hung
 
     def _fail(self, err: BaseException | None):
         trace = self.producer.report().get("error")
@@ -163,10 +176,13 @@ class AsyncRollout:
 
     def produce(self, step: int) -> ScoredBatch:
         """Batch `step`, from the producer (started on the first call, after a resume has set the state)."""
+        if self.hung is not None:  # found while the weights of the step before were sent: that step is finished
+            self.hung_raised = True
+            raise self.hung
         if not self.started:
             self.start(step - 1)
         try:
-            message = self.link.recv_object()
+            message = self._answered(self.link.recv_object, f"sent no batch for step {step}")
         except RuntimeError as err:
             self.producer.join(5)
             self._fail(err)
@@ -185,7 +201,9 @@ class AsyncRollout:
         self.weights, self._version = weights, version
         if self.link is not None:
             try:
-                self.link.send_weights(self.layout, weights, version)
+                self._answered(lambda: self.link.send_weights(self.layout, weights, version), f"did not take the weights of version {version}")
+            except Hung:  # the step's update is applied: the step finishes, and the next batch's request raises it
+                self.hung_raised = False
             except RuntimeError as err:
                 self._fail(err)
 
@@ -209,11 +227,14 @@ class AsyncRollout:
     def close(self) -> None:
         """Stop the producer: the batches it had queued or was sampling are discarded (and counted)."""
         if self.started:
-            try:
-                self.link.send_weights(self.layout, None, STOP)
-            except RuntimeError:
-                pass
-            self.producer.join(30)
+            if self.hung is None and self.link is not None:  # a hung producer is killed already: nothing to say to it
+                try:
+                    self._answered(lambda: self.link.send_weights(self.layout, None, STOP), "did not take the stop")
+                except (RuntimeError, ScaleRLError):  # gone or silent: it is killed below either way
+                    pass
+            if self.hung is not None and not self.hung_raised:  # after the last step's weights: the run is complete
+                print(f"async: {self.hung}", file=sys.stderr)
+            self.producer.join(0 if self.hung is not None else 30)
             report = self.producer.report()
             self.producer.kill()
             if "produced" in report and (discarded := report["produced"] - (self.start_step + self.taken)) > 0:

@@ -69,7 +69,8 @@ def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, devic
     return VLLMSampler(folder, pad_id=tokenizer.pad_token_id, stop_ids=stop_ids or tokenizer.eos_token_id, device=device,
                        dtype=engine_dtype(pp.autocast_dtype, pp.weights_dtype), fp32_head=pp.fp32_lm_head,
                        kv_cache_gb=vc.kv_cache_gb, max_model_len=vc.max_model_len, enforce_eager=vc.enforce_eager,
-                       gpu_memory_utilization=vc.gpu_memory_utilization, seed=config.train.seed)
+                       gpu_memory_utilization=vc.gpu_memory_utilization, seed=config.train.seed,
+                       deadline_s=config.health.hang.deadline_s)
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
@@ -91,7 +92,7 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
         return stack
 
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=whole_policy,
-                                    ctx=ctx, run_dir=run_dir, functions=functions)
+                                    ctx=ctx, run_dir=run_dir, functions=functions, deadline_s=config.health.hang.deadline_s)
     ro, algo = config.rollout, config.algorithm
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
                             min_new_tokens=ro.min_new_tokens)

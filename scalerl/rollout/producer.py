@@ -5,6 +5,8 @@
         admission: wait until the newest weights are version >= s − 1 − max_staleness
         take the newest weights → produce batch s → queue it for sending
 
+A third thread beats a heartbeat the learner watches (scalerl/distributed/watchdog.py): a batch
+may take long, but a producer whose heartbeat is silent past `health.hang.deadline_s` is hung.
 Two threads do the blocking transfers (scalerl/distributed/pair_link.py): an inbox that receives
 every weights message and keeps the newest, and an outbox that sends the queued batches in order.
 The staleness bound is enforced here, by admission: the producer never starts a batch whose weights
@@ -31,6 +33,7 @@ import torch
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext, resolve_device
 from scalerl.distributed.pair_link import STOP, PairLink, WeightLayout, check_transport
+from scalerl.distributed.watchdog import Heartbeat, beat_s
 from scalerl.models.loading import load_tokenizer
 from scalerl.precision.apply import autocast_context
 from scalerl.distributed.context import seed_everything, set_threads
@@ -125,7 +128,10 @@ def run_producer(spec: ProducerSpec) -> int:
     set_threads(spec.threads)
     device = torch.device(spec.device) if spec.device else resolve_device(config.train.device)
     check_transport(config.rollout.weight_transport, device, "producer")
-    # first: if anything below fails, the learner's receive fails at once
+    # first: the heartbeat the learner watches (a producer that stops answering is reported within
+    # health.hang.deadline_s: scalerl/distributed/watchdog.py), then the link, so that if anything below
+    # fails, the learner's receive fails at once
+    Heartbeat(spec.host, spec.port, beat_s(config.health.hang.deadline_s))
     link = PairLink.join(spec.host, spec.port, config.rollout.weight_transport, device)
     seed_everything(derive_seed(config.train.seed, "producer"))
     ctx = DistContext(device=device)

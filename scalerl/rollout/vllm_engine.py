@@ -41,6 +41,13 @@ replaces by a no-op) and `LD_PRELOAD` (tcmalloc and libgomp, which every later c
 sandboxed reward functions included, would load). Sampling also keeps the global RNG untouched:
 vLLM's CPU sampler draws its unused per-row seeds from it. One engine per process; with several
 trainer ranks use the HF engine (setup.build_sampler refuses).
+
+Hangs: the engine runs in this process, so a generate call or a weight reload that stops making
+progress cannot be interrupted or restarted from here. A watchdog thread (`Overrun`,
+scalerl/distributed/watchdog.py) prints one line to stderr when one runs past
+`health.hang.deadline_s`, naming the call; the run then keeps waiting for it (Ctrl-C stops it after
+the step, with a checkpoint). Use `rollout.mode: async` to run the engine in a producer process whose
+heartbeat the learner watches.
 """
 
 from __future__ import annotations
@@ -48,12 +55,14 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
+from scalerl.distributed.watchdog import Overrun
 from scalerl.rollout.hf import left_pad
 from scalerl.types import Rollout, SamplingParams, derive_seed
 
@@ -107,11 +116,12 @@ class VLLMSampler:
     def __init__(self, model_dir: str | Path, *, pad_id: int, stop_ids: int | Sequence[int], device: torch.device,
                  dtype: str = "float32", fp32_head: bool = True, kv_cache_gb: float = 1.0, max_model_len: int | None = None,
                  enforce_eager: bool = True, gpu_memory_utilization: float = 0.3, max_num_seqs: int = 256, seed: int = 0,
-                 block_size: int | None = None):
+                 block_size: int | None = None, deadline_s: float | None = None):
         """`dtype`: the engine's compute dtype (`engine_dtype`); `fp32_head`: the LM head's matmul in float32 below
         float32 (see the module docstring); `kv_cache_gb`: the KV cache, allocated at start; `gpu_memory_utilization`:
         on a GPU, the share of its memory the engine may take beside the learner (on CPU the explicit KV size rules);
-        `block_size`: the KV cache's block (vLLM's default for the device when None; the prefix cache reuses whole blocks)."""
+        `block_size`: the KV cache's block (vLLM's default for the device when None; the prefix cache reuses whole blocks);
+        `deadline_s`: a generate call or weight reload running longer is reported on stderr (None: never)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core and worker in this process (read by vLLM lazily)
         from vllm import LLM
 
@@ -119,7 +129,7 @@ class VLLMSampler:
         self.pad_id, self.eos_id, self.device = pad_id, stops[0], device
         self.stop_ids = stops
         self._version = 0
-        self.dtype = dtype
+        self.dtype, self.deadline_s = dtype, deadline_s
         extra = {"block_size": block_size} if block_size else {}
         with _process_left_as_found(device):
             self.llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
@@ -135,12 +145,18 @@ class VLLMSampler:
     @torch.no_grad()
     def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:
         if weights is not None:  # None: only the version (a resume's bookkeeping; the state dict follows)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
+            with self._watched(f"vLLM engine's weight reload (version {version})"):
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items())})
             self.llm.reset_prefix_cache()  # cached prompt blocks hold keys and values of the old weights
         self._version = version
 
     def close(self) -> None:
         self.llm.llm_engine.engine_core.shutdown()
+
+    def _watched(self, part: str) -> contextlib.AbstractContextManager:
+        if self.deadline_s is None:
+            return contextlib.nullcontext()
+        return Overrun(part, self.deadline_s, lambda line: print(f"warning: {line}", file=sys.stderr, flush=True))
 
     def _requests(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None):
         """(prompts, vLLM sampling params) in row order: one request of n samples per prompt, or, greedy, n of one."""
@@ -165,7 +181,7 @@ class VLLMSampler:
     def sample(self, prompt_ids: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int] | None = None) -> Rollout:
         n = params.n
         prompts, sampling = self._requests(prompt_ids, params, seeds)
-        with _rng_left_as_found(self.device):
+        with _rng_left_as_found(self.device), self._watched(f"vLLM engine's generate call ({len(prompts)} requests)"):
             outputs = self.llm.generate(prompts, sampling, use_tqdm=False)
         rows = [c for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]  # row i·n+j: prompt i's sample j
         T = max(len(c.token_ids) for c in rows)

@@ -15,9 +15,11 @@ import torch
 from scalerl.config import Config
 from scalerl.config.resume import record_resumed_config
 from scalerl.distributed.context import DistContext
+from scalerl.distributed.watchdog import Hung, peer_silent
 from scalerl.errors import Stopped
 from scalerl.learner.learner import LearnerSide
 from scalerl.monitor.console import RunConsole
+from scalerl.monitor.events import Event
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
 from scalerl.predict.time_estimate import TimeEstimator
@@ -64,10 +66,32 @@ class Bookkeeping:
     def __enter__(self) -> "Bookkeeping":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.health.close()
-        self.console.close()
-        self.logger.close()
+    def __exit__(self, kind: Any, err: BaseException | None, trace: Any) -> None:
+        try:
+            if err is not None:
+                self.stopped_by(err)
+        finally:
+            self.health.close()
+            self.console.close()
+            self.logger.close()
+
+    def stopped_by(self, err: BaseException) -> None:
+        """A part that stopped answering (`Hung`; a collective that timed out waiting for a peer rank): an event,
+        a checkpoint of the last finished step where one can still be written (one process: a collective with a
+        silent peer would wait again), then the one-line error saying so. Anything else passes through unchanged."""
+        hang = self.config.health.hang
+        hung = err if isinstance(err, Hung) else peer_silent(err, self.ctx.rank, self.ctx.world_size, hang.deadline_s)
+        if hung is None:
+            return
+        step = self.state["step"]
+        if not self.ctx.active and step > self.saved:
+            self.save(step)
+        checkpoints = self.run_dir / "checkpoints"
+        action = (f"the run stopped; its last checkpoint is {checkpoints / f'step_{self.saved:07d}'} (continue with --resume)"
+                  if self.saved > 0 else "the run stopped before any checkpoint was written")
+        self.health.log.emit(Event(step + 1, "hang", "critical", str(hung), action=action, values={"part": hung.part,
+                                                                                                     "deadline_s": hang.deadline_s}))
+        raise Hung(f"{hung}; {action}", part=hung.part) from err
 
     def evaluated(self, step: int, pass_rate: float, seconds: float = 0.0) -> dict[str, float]:
         """Record a held-out pass rate (step 0: the untrained model's); returns the step's eval and health metrics."""

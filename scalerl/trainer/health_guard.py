@@ -65,6 +65,7 @@ class HealthGuard:
         step's, dumped on a reward collapse. Raises ScaleRLError after too many non-finite steps in a row (or the
         first, when disabled)."""
         cfg, ctx = self.cfg, self.ctx
+        self.report_hangs(step, metrics)
         finite = all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")) or scaler_overflow(metrics)
         if not cfg.enabled or (not finite and not cfg.nonfinite.enabled):
             if not finite:  # the bad update was not applied
@@ -90,6 +91,21 @@ class HealthGuard:
         if finite and every and step % every == 0:
             self.learner.restore_point(step)
         return self.log.metrics()
+
+    def report_hangs(self, step: int, metrics: dict[str, Any]) -> None:
+        """A `hang` event for each reward worker that answered nothing within its deadline this step (it was
+        replaced, its completions got the fallback: scalerl/rewards/safe_call.py, workers.py)."""
+        silent = {key[len("reward/"):-len("_hangs")]: n for key, n in metrics.items() if key.startswith("reward/") and key.endswith("_hangs")}
+        for name, n in silent.items():
+            if n:
+                self.log.emit(Event(step, "hang", "warning", f"reward component '{name}': its worker process answered nothing within "
+                                    f"the component's timeout_s ({n:g} rank(s)); the batch's completions got its fallback",
+                                    action="its worker was killed and replaced", values={"part": f"reward component {name}"}))
+        if metrics.get("reward_hung_workers"):
+            self.log.emit(Event(step, "hang", "warning", f"a reward worker process of reward.num_workers answered nothing for "
+                                f"{self.cfg.hang.deadline_s:g} s (health.hang.deadline_s); its items got the fallback "
+                                f"({metrics.get('reward_failed_items', 0):g} item(s) lost this step)",
+                                action="the pool's workers were killed and replaced", values={"part": "reward worker pool"}))
 
     def check_pass_rate(self, step: int, pass_rate: float) -> dict[str, float]:
         """The held-out pass-rate rule after an evaluation (step 0: the one before training); returns the `health/*` metrics."""

@@ -38,7 +38,7 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
     `scalerl launch --ray`); `reward_funcs`: the Python API's reward callables (scalerl/api/), by the NAME of
     the reward components that name them `function: python:NAME`."""
     check_once(config, reward_funcs)
-    ctx = init_distributed(config.train.device)
+    ctx = init_distributed(config.train.device, config.health.hang.deadline_s)
     try:
         with GracefulStop() as stop:
             rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer, reward_funcs)

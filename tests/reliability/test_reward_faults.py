@@ -140,7 +140,7 @@ def test_a_pool_worker_killed_between_calls_loses_nothing(fault, victims):
             time.sleep(0.01)
         out = pool.map_scores("echo", items)
         assert out == [float(i) for i in range(12)] and -1.0 not in out
-        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 1.0}
+        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 1.0, "reward_hung_workers": 0.0}
         assert _wait_dead(pids) == []  # the survivor of a broken pool is gone too (it ignores SIGTERM)
         assert set(pool.start()).isdisjoint(pids)
     fault(AREA, f"{victims} of 2 env-score pool workers SIGKILLed between calls (unit)",
@@ -164,7 +164,7 @@ def test_function_and_pool_workers_ignore_sigint_and_sigterm(fault):
             assert all(_alive(pid) for pid in targets)
             assert worker.call(["p"] * 2, ["a", "b"], {}) == [1.0, 1.0] and worker.restarts == 0
             assert pool.map_scores("echo", [(1.0,), (2.0,), (3.0,)]) == [1.0, 2.0, 3.0]
-            assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0}
+            assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0, "reward_hung_workers": 0.0}
             assert pool.start() == pids and worker._process.pid == targets[0]  # the same processes
     finally:
         worker.close()

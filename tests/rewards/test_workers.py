@@ -62,7 +62,7 @@ def test_arithmetic_env_scores_match_in_process():
         assert len(pool.start()) == 2
         assert pool.score_all({"env": items}) == {"env": expected}
         assert pool.map_scores(env.score, items) == expected  # an unregistered callable travels with each chunk
-        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0}
+        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0, "reward_hung_workers": 0.0}
 
 
 def test_jobs_run_concurrently_on_different_workers():
@@ -84,9 +84,9 @@ def test_a_dead_worker_is_counted_and_the_pool_rebuilt():
         out = pool.map_scores("die", [("ok",), ("no",), ("ok",), ("die", 0.5), ("ok",), ("ok",)])
         assert out == [1.0, 0.0, 1.0, -1.0, -1.0, -1.0]
         assert pool.restarts == 1
-        assert pool.pop_metrics() == {"reward_failed_items": 3.0, "reward_pool_restarts": 1.0}
+        assert pool.pop_metrics() == {"reward_failed_items": 3.0, "reward_pool_restarts": 1.0, "reward_hung_workers": 0.0}
         assert pool.map_scores("die", [("ok",), ("no",)] * 3) == [1.0, 0.0] * 3  # the rebuilt pool works
-        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0}
+        assert pool.pop_metrics() == {"reward_failed_items": 0.0, "reward_pool_restarts": 0.0, "reward_hung_workers": 0.0}
 
 
 def test_scorer_exceptions_propagate_in_both_modes():
