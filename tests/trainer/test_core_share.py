@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_overrides
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
-from scalerl.trainer import core_share, loop
+from scalerl.trainer import bookkeeping, core_share, loop
 from scalerl.trainer.core_share import CoreShare, _busy_jiffies, threads_for
 
 
@@ -64,7 +64,7 @@ def test_the_loop_adapts_threads_between_steps_only_when_they_are_unset(runs, mo
             calls.append(1)
             return 7  # what the loop logs is what the share decided
 
-    monkeypatch.setattr(loop, "CoreShare", Recording)
+    monkeypatch.setattr(bookkeeping, "CoreShare", Recording)
     summary = loop.train(load_config(overrides=tiny_overrides(runs, "auto", **{"train.threads": None, "train.steps": 3,
                                                                                 "eval.every": 0})))
     rows = read_metrics(runs / "auto")

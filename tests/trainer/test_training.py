@@ -11,7 +11,8 @@ from conftest import run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
 from scalerl.jsonl import read_metrics
-from scalerl.trainer import loop, setup
+from scalerl.learner import build as learner_build
+from scalerl.trainer import loop
 from scalerl.learner import learner as learner_module
 
 REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr", "entropy", "response_len", "tokens_per_s", "step_time_s"}
@@ -63,7 +64,7 @@ def test_beta_zero_never_builds_or_runs_a_reference_model(runs, monkeypatch):
     def forbidden(*_args):
         raise AssertionError("the reference model must not be built when beta = 0")
 
-    monkeypatch.setattr(setup, "build_reference", forbidden)
+    monkeypatch.setattr(learner_build, "build_reference", forbidden)
     rollout, learner = _build(runs, "beta0")
     assert learner.reference is None
     metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
