@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from scalerl.algorithms.losses import masked_fill_zero
+
 ScaleRewards = Literal["group", "batch", "none"]
 
 
@@ -140,8 +142,8 @@ def gae(
     """
     mask = loss_mask.to(values.dtype)
     with torch.no_grad():
-        r = rewards.detach() * mask  # (B, T)
-        v = values.detach() * mask  # (B, T), so V = 0 past each row's end
+        r = masked_fill_zero(rewards.detach(), loss_mask)  # (B, T); NaN/inf under the mask ignored
+        v = masked_fill_zero(values.detach(), loss_mask)  # (B, T), so V = 0 past each row's end
         adv = torch.zeros_like(v)  # (B, T)
         next_value = v.new_zeros(v.shape[0])  # (B,)
         next_adv = v.new_zeros(v.shape[0])  # (B,)
@@ -153,15 +155,15 @@ def gae(
             trained = mask[:, t] > 0  # (B,)
             next_adv = torch.where(trained, adv[:, t], next_adv)
             next_value = torch.where(trained, v[:, t], next_value)
-        return adv, (adv + v) * mask
+        return adv, masked_fill_zero(adv + v, loss_mask)
 
 
 def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(3,) float64: [n, Σ x, Σ x²] over the masked entries; summed over ranks, they give `whiten`
     the global batch's mean and variance."""
     m = mask.to(torch.float64)
-    x = values.detach().to(torch.float64)
-    return torch.stack([m.sum(), (x * m).sum(), (x.square() * m).sum()])
+    x = masked_fill_zero(values.detach().to(torch.float64), mask)
+    return torch.stack([m.sum(), x.sum(), x.square().sum()])
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8,
@@ -181,8 +183,8 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     m = mask.to(values.dtype)
     if moments is None:
         n = m.sum()
-        mean = (values * m).sum() / n.clamp(min=1.0)
-        var = ((values - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+        mean = masked_fill_zero(values, mask).sum() / n.clamp(min=1.0)
+        var = masked_fill_zero((values - mean).square(), mask).sum() / (n - 1).clamp(min=1.0)
     else:
         n, total, squares = moments.tolist()
         mean = total / max(n, 1.0)
@@ -191,4 +193,4 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     out = (values - mean) * torch.rsqrt(var + eps)  # (B, T)
     if not shift_mean:
         out = out + mean
-    return out * m
+    return masked_fill_zero(out, mask)

@@ -27,6 +27,13 @@ def _per_token(advantages: torch.Tensor) -> torch.Tensor:
     return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
 
 
+def masked_fill_zero(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """`values` with every position where `loss_mask` is 0 set to 0 by selection (`torch.where`),
+    not by multiplication: NaN · 0 and inf · 0 are NaN, so a NaN or inf under the mask would leak
+    into a masked sum (verl's and SkyRL's masked reductions select the same way). Shapes broadcast."""
+    return torch.where(loss_mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
 def aggregate(
     values: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -55,15 +62,17 @@ def aggregate(
     token (sequence, group) count of the whole mini-batch so that accumulated gradients equal
     those of the unsplit batch. At prompt level this holds only if no group is split across
     micro-batches. A completion (or group) with no trained tokens contributes 0 but still counts
-    in the default D, as a padded row does at sequence level.
+    in the default D, as a padded row does at sequence level. Values under a zero mask (NaN, inf)
+    are ignored (`masked_fill_zero`).
     """
     mask = loss_mask.to(values.dtype)
+    kept = masked_fill_zero(values, loss_mask)  # (B, T)
     match level:
         case "token":
-            total = (values * mask).sum()
+            total = kept.sum()
             denom = mask.sum() if normalizer is None else normalizer
         case "sequence":
-            per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
+            per_seq = kept.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
             total = per_seq.sum()
             denom = values.shape[0] if normalizer is None else normalizer
         case "prompt":
@@ -71,14 +80,14 @@ def aggregate(
                 raise ValueError("prompt-level aggregation needs group_ids")
             _, group = torch.unique_consecutive(group_ids, return_inverse=True)  # (B,) in 0..G-1
             n_groups = int(group.max()) + 1 if group.numel() else 0
-            sums = values.new_zeros(n_groups).index_add(0, group, (values * mask).sum(dim=1))  # (G,)
+            sums = values.new_zeros(n_groups).index_add(0, group, kept.sum(dim=1))  # (G,)
             counts = values.new_zeros(n_groups).index_add(0, group, mask.sum(dim=1))  # (G,)
             total = (sums / counts.clamp(min=1.0)).sum()
             denom = n_groups if normalizer is None else normalizer
         case "constant":
             if normalizer is None and max_new_tokens is None:
                 raise ValueError("constant aggregation needs max_new_tokens or a normalizer")
-            total = (values * mask).sum()
+            total = kept.sum()
             denom = values.shape[0] * max_new_tokens if normalizer is None else normalizer
         case _:
             raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
@@ -146,7 +155,7 @@ def importance_log_ratio(
             if loss_mask is None:
                 raise ValueError("sequence-level importance ratios need loss_mask")
             m = loss_mask.to(log_ratio.dtype)
-            return (log_ratio * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+            return masked_fill_zero(log_ratio, loss_mask).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
     raise ValueError(f"unknown importance level {level!r}; use token or sequence")
 
 
@@ -266,7 +275,7 @@ def off_policy_sequence_mask(
     with torch.no_grad():
         m = loss_mask.to(logprobs.dtype)
         drift = torch.nan_to_num(sampler_logprobs - logprobs, nan=0.0)  # (B, T)
-        kl = (drift * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        kl = masked_fill_zero(drift, loss_mask).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
         return ((_per_token(advantages) >= 0) | (kl <= threshold)).to(logprobs.dtype)  # (B, 1) or (B, T)
 
 
@@ -318,14 +327,15 @@ def policy_stats(
         ratio_max = ratio.masked_fill(~mask, 0.0).max() if ratio.numel() else ratio.new_tensor(1.0)
         return {
             "clip_frac": (clipped.bool() & mask).sum() / n,
-            "approx_kl": ((torch.expm1(delta) - delta) * mask).sum() / n,
-            "ratio_mean": (ratio * mask).sum() / n,
+            "approx_kl": masked_fill_zero(torch.expm1(delta) - delta, mask).sum() / n,
+            "ratio_mean": masked_fill_zero(ratio, mask).sum() / n,
             "ratio_max": torch.where(mask.any(), ratio_max, ratio.new_tensor(1.0)),
         }
 
 
 def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Σ m·v / Σ m over trained tokens, detached, 0-dim (0 when nothing is trained). For diagnostics."""
+    """Σ m·v / Σ m over trained tokens, detached, 0-dim (0 when nothing is trained; NaN/inf under
+    the mask ignored). For diagnostics."""
     with torch.no_grad():
         m = loss_mask.to(values.dtype)
-        return (values * m).sum() / m.sum().clamp(min=1.0)
+        return masked_fill_zero(values, loss_mask).sum() / m.sum().clamp(min=1.0)

@@ -12,7 +12,7 @@ Left out: TRL's top-entropy token mask, SAPO, VESPO and LUSPO, sequence-level IS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -96,7 +96,7 @@ def rl_objective(
     capped), off_policy_masked_frac (completions with trained tokens that lost some to M), sampler_kl
     (mean_t log π_sampler − log π_old: KL(π_sampler ‖ π_old)'s k1 estimate, the engine's or stale copy's drift).
     """
-    x, mask = inputs, inputs.loss_mask
+    x, mask = _masked_inputs(inputs), inputs.loss_mask
     if beta > 0 and x.ref_logprobs is None:
         raise ValueError("beta > 0 needs ref_logprobs")
     log_ratio = importance_log_ratio(x.logprobs, x.old_logprobs, mask, importance_level)  # (B, T) or (B, 1)
@@ -129,6 +129,18 @@ def rl_objective(
             loss = loss - entropy_coef * aggregate(x.entropy, mask, "token", token_normalizer)
         stats["entropy"] = masked_mean(x.entropy, mask)
     return loss, stats
+
+
+def _masked_inputs(x: ObjectiveInputs) -> ObjectiveInputs:
+    """The inputs with every (B, T) tensor set to 0 under a zero loss mask, by `torch.where`: a NaN
+    or inf at an untrained position (a padded log-prob, an unscored sampler token) then reaches
+    neither the loss nor, through 0 · NaN in a backward, any gradient."""
+    mask = x.loss_mask.bool()
+    def clean(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None or t.dim() != 2:
+            return t
+        return torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+    return replace(x, **{f.name: clean(getattr(x, f.name)) for f in fields(x) if f.name not in ("loss_mask", "group_ids")})
 
 
 def _policy_term(

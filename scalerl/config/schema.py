@@ -100,7 +100,7 @@ class RolloutConfig(_Section):
 
 class KLConfig(_Section):
     beta: float = Field(0.0, ge=0, description="KL penalty weight (the initial one under a schedule); 0 with schedule fixed skips the reference model.")
-    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the reference policy.")
+    estimator: Literal["k1", "k2", "k3", "abs", "k3+"] = Field("k3", description="Per-token KL estimator against the reference policy: k1, k2, k3 (Schulman 2020), abs = |log ratio|, k3+ = k3's value with k2's gradient (verl's straight-through).")
     track: bool = Field(False, description="Load the reference model to measure KL even when beta is 0 (costs one forward per step).")
     schedule: Literal["fixed", "adaptive", "progressive"] = Field(
         "fixed", description="fixed: beta throughout; adaptive: target-KL controller (Ziegler et al. 2019); progressive: the three phases of source 000 §2.2.")
