@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token", "sequence", "prompt", "constant"]
+LossAgg = Literal["token", "sequence", "prompt", "constant", "sequence_sum"]
 ImportanceLevel = Literal["token", "sequence"]
 
 
@@ -49,6 +49,11 @@ def aggregate(
         sequence: Σ_i (Σ_t m_it v_it / Σ_t m_it) / D                      D = B by default
         prompt:   Σ_g (Σ_{i∈g} Σ_t m_it v_it / Σ_{i∈g} Σ_t m_it) / D      D = number of groups by default
         constant: Σ_i Σ_t m_it v_it / D                                   D = B · max_new_tokens by default
+        sequence_sum: Σ_i Σ_t m_it v_it / D                               D = B by default
+
+    "sequence_sum" is LUSPO's length-unbiased reduction (TRL 1.16's loss_type="luspo"): each
+    completion's tokens are summed, not averaged, then completions are averaged, so a long
+    completion's tokens are not down-weighted by its length (GRPO's sequence mean does that).
 
     "constant" is Dr. GRPO's length-independent normaliser (Liu et al., 2025, "Understanding R1-Zero-
     like training"; TRL's loss_type="dr_grpo"): no completion's tokens are up- or down-weighted by its
@@ -89,8 +94,11 @@ def aggregate(
                 raise ValueError("constant aggregation needs max_new_tokens or a normalizer")
             total = kept.sum()
             denom = values.shape[0] * max_new_tokens if normalizer is None else normalizer
+        case "sequence_sum":
+            total = kept.sum()
+            denom = values.shape[0] if normalizer is None else normalizer
         case _:
-            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
+            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt, constant or sequence_sum")
     return total / max(float(denom), 1.0) if not torch.is_tensor(denom) else total / denom.clamp(min=1.0)
 
 
@@ -103,7 +111,7 @@ def aggregation_units(
     """How many units of `level` a batch holds, as a 0-dim tensor: summed over micro-batches and
     ranks it is the global `normalizer` to pass to `aggregate`.
 
-        token:    trained tokens              sequence: completions with a trained token
+        token:    trained tokens              sequence, sequence_sum: completions with a trained token
         prompt:   distinct group ids among completions with a trained token
         constant: rows · max_new_tokens       (Dr. GRPO's B · L, empty rows included)
     """
@@ -111,7 +119,7 @@ def aggregation_units(
     match level:
         case "token":
             return loss_mask.sum()
-        case "sequence":
+        case "sequence" | "sequence_sum":
             return has_tokens.sum()
         case "prompt":
             if group_ids is None:
@@ -121,7 +129,7 @@ def aggregation_units(
             if max_new_tokens is None:
                 raise ValueError("constant aggregation needs max_new_tokens")
             return torch.tensor(loss_mask.shape[0] * max_new_tokens, device=loss_mask.device)
-    raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
+    raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt, constant or sequence_sum")
 
 
 def mask_truncated(loss_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:

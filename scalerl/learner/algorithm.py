@@ -33,12 +33,13 @@ def objective_settings(algo: AlgorithmConfig, *, max_new_tokens: int) -> dict[st
     settings: dict[str, Any] = dict(
         loss_agg=algo.loss_agg, max_new_tokens=max_new_tokens, tis_cap=algo.tis_cap, off_policy_mask=algo.off_policy_mask,
         kl_estimator=algo.kl.estimator, kl_with_ratio=algo.kl.with_ratio, entropy_coef=algo.entropy_coef,
+        top_entropy_quantile=algo.top_entropy_quantile,
     )
     if algo.name == "cispo":
-        settings.update(policy_loss="cispo", eps_max=algo.eps_max)
+        settings.update(policy_loss="cispo", eps_max=algo.eps_max, importance_level=algo.importance_level)
     else:
-        settings.update(policy_loss="clip", clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
-                        importance_level=algo.importance_level, delta=algo.delta)
+        settings.update(policy_loss=algo.policy_loss, policy_params=algo.policy_params, clip_eps_low=algo.clip_eps_low,
+                        clip_eps_high=algo.clip_eps_high, importance_level=algo.importance_level, delta=algo.delta)
     if algo.name == "ppo":
         settings.update(vf_coef=algo.vf_coef, value_clip=algo.value_clip)
     return settings

@@ -266,7 +266,10 @@ class Learner:
                 # The normalisers are the counts of units (tokens, completions, prompts) and of tokens of the
                 # mini-batch over all ranks, computed once: each micro-batch divides its sum by them, and
                 # gradients are summed across micro-batches and ranks, giving exactly the mini-batch's gradient.
-                counts = torch.stack([aggregation_units(t.loss_mask[rows], level, rollout.group_ids[rows],
+                # A completion masked for truncation still counts as a unit (TRL's grpo divides by every
+                # completion); one the rollout side filtered out (zero-variance group) does not.
+                unit_mask = rollout.completion_mask[rows] if level in ("sequence", "sequence_sum", "prompt") else t.loss_mask[rows]
+                counts = torch.stack([aggregation_units(unit_mask, level, rollout.group_ids[rows],
                                                         self.objective["max_new_tokens"]), t.loss_mask[rows].sum()])
                 normalizer, tokens = self.ctx.sum(counts.double()).tolist()
                 stats: dict[str, float] = {"loss": 0.0}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from conftest import tiny_overrides
 from scalerl.algorithms.kl_control import progressive_beta
@@ -119,7 +120,22 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
     ({"algorithm.name": "cispo", "algorithm.eps_max": 3.0}, {"policy_loss": "cispo", "eps_max": 3.0}),
     ({"algorithm.name": "ppo", "algorithm.vf_coef": 0.25, "algorithm.value_clip": None}, {"vf_coef": 0.25, "value_clip": None}),
     ({"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "sequence"}, {"entropy_coef": 0.01, "loss_agg": "sequence", "normalizer": 16}),
-], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy"])
+    ({"algorithm.policy_loss": "sapo", "algorithm.sapo_tau_neg": 2.0, "algorithm.loss_agg": "sequence"},
+     {"policy_loss": "sapo", "policy_params": {"tau_pos": 1.0, "tau_neg": 2.0}}),
+    ({"algorithm.policy_loss": "vespo", "algorithm.vespo_k_pos": 1.5},
+     {"policy_loss": "vespo", "policy_params": {"k_pos": 1.5, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}}),
+    ({"algorithm.policy_loss": "gmpo", "algorithm.clip_eps_low": 0.4, "algorithm.clip_eps_high": 0.4},
+     {"policy_loss": "gmpo", "clip_eps_low": 0.4}),
+    ({"algorithm.policy_loss": "clip_cov", "algorithm.cov_ratio": 0.1},
+     {"policy_loss": "clip_cov", "policy_params": {"ratio": 0.1, "cov_low": 1.0, "cov_high": 5.0}}),
+    ({"algorithm.policy_loss": "kl_cov", "algorithm.kl_cov_coef": 0.5},
+     {"policy_loss": "kl_cov", "policy_params": {"ratio": 2e-4, "kl_coef": 0.5}}),
+    ({"algorithm.loss_agg": "sequence_sum"}, {"loss_agg": "sequence_sum", "normalizer": 16}),
+    ({"algorithm.top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
+    ({"algorithm.name": "cispo", "algorithm.importance_level": "sequence"}, {"policy_loss": "cispo", "importance_level": "sequence"}),
+    ({"algorithm.kl.beta": 0.1, "algorithm.kl.estimator": "k3+"}, {"kl_estimator": "k3+"}),
+], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy", "sapo", "vespo",
+        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus"])
 def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
     """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
     from scalerl.distributed.context import DistContext
@@ -149,3 +165,26 @@ def test_mask_truncated_completions_trains_on_no_token_of_a_cut_completion(runs,
     assert 0 < int(truncated.sum()) < len(truncated)  # 3 tokens: some sums end in time, some are cut
     [mask] = masks
     assert (mask[truncated] == 0).all() and (mask[~truncated].sum(1) > 0).all()
+
+
+def test_mask_truncated_sequence_normaliser_counts_every_completion_as_trl(runs, monkeypatch):
+    """loss_agg=sequence with mask_truncated_completions: the trainer divides by every completion,
+    truncated ones included (TRL's grpo: mean over all B), so its loss is rl_objective's default one."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+
+    calls = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: calls.append((inputs, kw)) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "cutseq", **{"algorithm.mask_truncated_completions": True,
+                                                                      "rollout.max_new_tokens": 3, "algorithm.loss_agg": "sequence"}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    batch, _ = loop.train_step(rollout, learner, 1, learner.ctx)
+    [(inputs, kw)] = calls
+    truncated = batch.rollout.truncated
+    assert 0 < int(truncated.sum()) < len(truncated)
+    assert kw["normalizer"] == len(truncated)  # 16 completions, not the 16 − truncated that keep tokens
+    with torch.no_grad():
+        trainer_loss = real(inputs, **kw)[0]
+        default_loss = real(inputs, **{k: v for k, v in kw.items() if k != "normalizer"})[0]
+    assert trainer_loss.item() == pytest.approx(default_loss.item(), rel=1e-6)
