@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scalerl.config.objective_options import EntropyOptions, PolicyLossOptions
+
 
 class _Section(BaseModel):
     # Frozen: the config is read, never written, once built; what changes during a run (a health
@@ -119,7 +121,7 @@ class KLConfig(_Section):
         return self.beta > 0 or self.track or self.max_kl is not None or self.schedule != "fixed"
 
 
-class _Objective(_Section):
+class _Objective(EntropyOptions, _Section):
     """What every objective shares: aggregation, KL, entropy bonus, off-policy cap, data-side filters."""
 
     loss_agg: Literal["token", "sequence", "prompt", "constant", "sequence_sum"] = Field(
@@ -131,51 +133,17 @@ class _Objective(_Section):
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling: weight tokens by min(pi_old / pi_sampler, cap).")
     off_policy_mask: float | None = Field(None, gt=0, description="Off-policy sequence mask (DeepSeek-V3.2; TRL off_policy_mask_threshold): drop a negative-advantage "
                                                                   "completion whose mean per-token log(pi_sampler / pi_theta) exceeds this; null disables.")
-    top_entropy_quantile: float = Field(1.0, gt=0, le=1, description="Train the policy term only on this share of each micro-batch's trained tokens, those "
-                                                                     "of highest entropy (TRL's top_entropy_quantile, 'Beyond the 80/20 rule': 0.2); 1 keeps all.")
     mask_truncated_completions: bool = Field(False, description="Train on no token of a completion cut off at rollout.max_new_tokens (TRL's mask_truncated_completions).")
     zero_variance_filter: bool = Field(False, description="Drop groups whose rewards are all equal (they carry no signal).")
     retire_pass_rate: float | None = Field(None, gt=0, le=1, description="No-positive-resampling: a prompt whose group pass rate reaches this leaves the pool.")
 
 
-class _Clipped(_Objective):
+class _Clipped(_Objective, PolicyLossOptions):
     clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
     clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high (DAPO clip-higher when larger).")
     importance_level: Literal["token", "sequence"] = Field(
         "token", description="token: one ratio per token; sequence: the completion's geometric-mean ratio for all its tokens (GSPO; use small clips, e.g. 3e-4/4e-4).")
     delta: float | None = Field(None, gt=1, description="Two-sided clip (INTELLECT-2; dual-clip PPO's c, verl's clip_ratio_c): the unclipped ratio is also capped at delta, bounding negative-advantage updates; null disables.")
-    policy_loss: Literal["clip", "sapo", "vespo", "gmpo", "clip_cov", "kl_cov"] = Field(
-        "clip", description="clip: PPO's clipped surrogate; sapo: soft temperature gate (TRL/verl sapo); vespo: gamma-weighted sequence ratio (TRL vespo); "
-                            "gmpo: geometric-mean ratio clipped in log space (verl geo_mean; clips are in log space, the paper uses 0.4); clip_cov / kl_cov: "
-                            "the clip surrogate without / the unclipped one with a penalty on the highest-covariance tokens (verl clip_cov, kl_cov).")
-    sapo_tau_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
-    sapo_tau_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for negative advantages (larger damps them sooner).")
-    vespo_k_pos: float = Field(2.0, ge=0, description="vespo: shape k of the gamma weight for non-negative advantages.")
-    vespo_lambda_pos: float = Field(3.0, gt=0, description="vespo: rate lambda of the gamma weight for non-negative advantages.")
-    vespo_k_neg: float = Field(3.0, ge=0, description="vespo: shape k for negative advantages.")
-    vespo_lambda_neg: float = Field(2.0, gt=0, description="vespo: rate lambda for negative advantages.")
-    cov_ratio: float = Field(2e-4, gt=0, le=1, description="clip_cov / kl_cov: share of trained tokens treated (at least one).")
-    clip_cov_low: float = Field(1.0, description="clip_cov: a token is a candidate when its covariance is above this ...")
-    clip_cov_high: float = Field(5.0, description="clip_cov: ... and below this.")
-    kl_cov_coef: float = Field(1.0, ge=0, description="kl_cov: weight of |log ratio| on the selected tokens.")
-
-    @property
-    def policy_params(self) -> dict[str, float]:
-        """The chosen policy loss's own keywords for rl_objective's `policy_params`."""
-        return {"sapo": dict(tau_pos=self.sapo_tau_pos, tau_neg=self.sapo_tau_neg),
-                "vespo": dict(k_pos=self.vespo_k_pos, lambda_pos=self.vespo_lambda_pos, k_neg=self.vespo_k_neg, lambda_neg=self.vespo_lambda_neg),
-                "clip_cov": dict(ratio=self.cov_ratio, cov_low=self.clip_cov_low, cov_high=self.clip_cov_high),
-                "kl_cov": dict(ratio=self.cov_ratio, kl_coef=self.kl_cov_coef)}.get(self.policy_loss, {})
-
-    @model_validator(mode="after")
-    def _check_policy_loss(self) -> "_Clipped":
-        if self.delta is not None and self.policy_loss not in ("clip", "clip_cov"):
-            raise ValueError(f"algorithm.delta with algorithm.policy_loss={self.policy_loss}: delta caps the clip surrogate; use policy_loss clip or clip_cov, or delta=null")
-        if self.importance_level == "sequence" and self.policy_loss in ("vespo", "gmpo", "clip_cov", "kl_cov"):
-            raise ValueError(f"algorithm.importance_level=sequence with algorithm.policy_loss={self.policy_loss}: it builds its own ratio; use importance_level=token")
-        if self.clip_cov_low >= self.clip_cov_high:
-            raise ValueError(f"algorithm.clip_cov_low ({self.clip_cov_low}) must be below algorithm.clip_cov_high ({self.clip_cov_high})")
-        return self
 
 
 class GRPOConfig(_Clipped):

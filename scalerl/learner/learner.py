@@ -27,6 +27,7 @@ import torch
 from scalerl.algorithms.advantages import gae, masked_moments, whiten
 from scalerl.algorithms.kl import kl_estimate
 from scalerl.algorithms.kl_control import KLController
+from scalerl.algorithms.entropy_control import applied_entropy_coef, next_entropy_coef
 from scalerl.algorithms.losses import aggregation_units, mask_truncated
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, HealthConfig, OptimConfig
@@ -54,6 +55,8 @@ class LearnerState:
     max_grad_norm: float | None = None  # optim.max_grad_norm, or 1.0 once a non-finite step turned clipping on
     loss_scale: float = 1.0  # fp16's dynamic loss scale (scalerl/config/plan.py: next_loss_scale); 1 otherwise
     loss_scale_good: int = 0  # overflow-free updates in a row at this scale
+    entropy_coef: float | None = None  # algorithm.entropy_target: the adaptive coefficient (None: algorithm.entropy_coef)
+    last_entropy: float | None = None  # algorithm.entropy_target: mean entropy of the last update's trained tokens
 
 
 @dataclass
@@ -285,9 +288,30 @@ class Learner:
                     for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
                         stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
                 stats["grad_norm"] = self.apply_update(guard_scale, stats)
+                stats |= self.steer_entropy(stats)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
         return {k: v / plan.updates_per_step for k, v in sums.items()}
+
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient for this update: algorithm.entropy_coef, or with
+        algorithm.entropy_target the adaptive one (`scalerl/algorithms/entropy_control.py`)."""
+        if self.algo.entropy_target is None:
+            return self.algo.entropy_coef
+        coef = self.algo.entropy_coef if self.state.entropy_coef is None else self.state.entropy_coef
+        return applied_entropy_coef(coef, self.state.last_entropy, self.algo.entropy_target)
+
+    def steer_entropy(self, stats: dict[str, float]) -> dict[str, float]:
+        """After an update with algorithm.entropy_target: move the coefficient by the update's mean entropy
+        over all ranks (its micro-batches' token means, averaged); returns the metric entropy_coef."""
+        if self.algo.entropy_target is None or "entropy" not in stats:
+            return {}
+        entropy = self.ctx.sum(torch.tensor([stats["entropy"], 1.0], dtype=torch.float64)).tolist()
+        self.state.last_entropy = entropy[0] / entropy[1]
+        coef = self.algo.entropy_coef if self.state.entropy_coef is None else self.state.entropy_coef
+        self.state.entropy_coef = next_entropy_coef(coef, self.state.last_entropy, target=self.algo.entropy_target,
+                                                    step=self.algo.entropy_coef_step, high=self.algo.entropy_coef_max)
+        return {"entropy_coef": self.state.entropy_coef}
 
     def micro_step(self, rollout: Rollout, t: Targets, rows: slice, beta: float, normalizer: float, tokens: float) -> dict[str, float]:
         """Forward and backward of one micro-batch; returns its detached diagnostics."""
@@ -304,7 +328,8 @@ class Learner:
             sampler_logprobs=mb.sampler_logprobs, ref_logprobs=pick(t.ref_logprobs), entropy=fwd.entropy.float(),
             values=values, old_values=pick(t.old_values), returns=pick(t.returns))
         in_loss = 0.0 if self.algo.kl.in_reward else beta  # PPO's KL-in-reward is already in the advantages
-        loss, diagnostics = rl_objective(inputs, **self.objective, beta=in_loss, normalizer=normalizer, token_normalizer=tokens)
+        loss, diagnostics = rl_objective(inputs, **{**self.objective, "entropy_coef": self.entropy_coef()}, beta=in_loss,
+                                         normalizer=normalizer, token_normalizer=tokens)
         (loss * self.state.loss_scale if self.precision.loss_scaling else loss).backward()
         return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
 

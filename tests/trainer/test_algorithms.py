@@ -188,3 +188,28 @@ def test_mask_truncated_sequence_normaliser_counts_every_completion_as_trl(runs,
         trainer_loss = real(inputs, **kw)[0]
         default_loss = real(inputs, **{k: v for k, v in kw.items() if k != "normalizer"})[0]
     assert trainer_loss.item() == pytest.approx(default_loss.item(), rel=1e-6)
+
+
+def test_adaptive_entropy_coefficient_is_steered_and_applied(runs, monkeypatch):
+    """algorithm.entropy_target: each update's rl_objective gets the adaptive coefficient, which moves by
+    entropy_coef_step after each update toward the target (up while the entropy is at or below it)."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+
+    coefs = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: coefs.append(kw["entropy_coef"]) or real(inputs, **kw))
+    # a target far above any entropy of the built-in model (its vocabulary is small): the coefficient only rises
+    config = load_config(overrides=tiny_overrides(runs, "entropy", **{"algorithm.entropy_coef": 0.01, "algorithm.entropy_target": 50.0,
+                                                                       "algorithm.entropy_coef_step": 0.02, "train.steps": 3}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    metrics = [loop.train_step(rollout, learner, step, learner.ctx)[1] for step in (1, 2, 3)]
+    assert coefs == pytest.approx([0.01, 0.03, 0.05])  # 0.01, then + 0.02 after each update
+    assert [m["entropy_coef"] for m in metrics] == pytest.approx([0.03, 0.05, 0.07])
+    # a target below the entropy: the bonus is switched off and the coefficient falls to 0
+    learner.state.entropy_coef, learner.state.last_entropy = None, None
+    monkeypatch.setattr(learner, "algo", learner.algo.model_copy(update={"entropy_target": 1e-6}))
+    coefs.clear()
+    loop.train_step(rollout, learner, 4, learner.ctx)
+    loop.train_step(rollout, learner, 5, learner.ctx)
+    assert coefs == pytest.approx([0.01, 0.0]) and learner.state.entropy_coef == pytest.approx(0.0)
