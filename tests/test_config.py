@@ -387,3 +387,13 @@ def test_new_objective_options_are_accepted():
     config = load_config(overrides=["algorithm.name=cispo", "algorithm.importance_level=sequence", "algorithm.loss_agg=sequence_sum",
                                     "algorithm.top_entropy_quantile=0.2", "algorithm.kl.estimator=k3+"])
     assert config.algorithm.importance_level == "sequence" and config.algorithm.loss_agg == "sequence_sum"
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["reward.normalize_components=true"], "reward.normalize_components needs reward.components"),
+    (["reward.normalize_components=true", "rollout.group_size=1", "algorithm.name=reinforce_pp", "reward.components=[{name: env, env: true}]"],
+     "reward.normalize_components with rollout.group_size=1"),
+])
+def test_normalize_components_is_refused_where_it_means_nothing(overrides, needle):
+    message = _error(overrides=overrides)
+    assert needle in message and "\n" not in message

@@ -139,6 +139,8 @@ class Config(_Section):
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")
+        if self.reward.normalize_components and self.rollout.group_size == 1:
+            raise ValueError("reward.normalize_components with rollout.group_size=1: a group of one has no spread to normalise by; use group_size >= 2")
         if self.rollout.group_size == 1 and _group_relative(self.algorithm):
             raise ValueError(f"rollout.group_size=1 with algorithm.name={self.algorithm.name}: each completion's baseline is its own "
                              "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "

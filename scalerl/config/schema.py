@@ -254,6 +254,8 @@ class RewardConfig(_Section):
         default_factory=list, description="Several rewards fused into one (top-level YAML key reward_components is the same); empty: the environment's reward or `model`.")
     fusion: Literal["weighted_sum", "dynamic_weight"] = Field(
         "weighted_sum", description="weighted_sum: r = Σ w_k s_k; dynamic_weight: weights follow each component's remaining signal (top-level key fusion_method is the same).")
+    normalize_components: bool = Field(False, description="Standardise each component within each prompt's group before the weighted sum (GDPO; "
+                                                          "normalize-then-sum), so no component's scale drowns the others; needs components and group_size >= 2.")
     dynamic: DynamicWeightConfig = Field(default_factory=DynamicWeightConfig)
     diversity: DiversityConfig = Field(default_factory=DiversityConfig)
     cap: RewardCapConfig = Field(default_factory=RewardCapConfig)
@@ -267,6 +269,8 @@ class RewardConfig(_Section):
             raise ValueError(f"reward.components: names must be unique (got {names})")
         if self.components and self.model is not None:
             raise ValueError("reward.model and reward.components are both set: add the model as a component ({name: rm, model: ...}) instead")
+        if self.normalize_components and not self.components:
+            raise ValueError("reward.normalize_components needs reward.components (it normalises each component before their sum)")
         if self.components and sum(c.weight for c in self.components) <= 0:
             raise ValueError("reward.components: the weights sum to 0; give at least one component a positive weight")
         return self
