@@ -41,6 +41,8 @@ from scalerl.algorithms.objective import ObjectiveInputs, rl_objective  # noqa: 
 MIRROR = Path("/work/.mirror/volcengine+verl/repo")
 WANTED = ["agg_loss", "compute_policy_loss_vanilla", "compute_policy_loss_sapo", "compute_policy_loss_geo_mean",
           "compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov", "kl_penalty", "kl_penalty_forward"]
+RC_WANTED = ["_parse_rollout_rs_thresholds", "compute_rollout_rejection_mask", "compute_rs_metrics",
+             "compute_rollout_correction_weights", "compute_is_metrics"]
 B, T = 6, 7
 
 
@@ -76,7 +78,13 @@ def load_verl(gitdir: Path) -> tuple[SimpleNamespace, str]:
     ns: dict[str, Any] = {"torch": torch, "Optional": Optional, "Any": Any, "verl_F": SimpleNamespace(**tf_ns),
                           "ActorConfig": _Config, "AlgoConfig": _AlgoConfig}
     exec(_functions(show("verl/trainer/ppo/core_algos.py"), WANTED), ns)
-    return SimpleNamespace(**{n: ns[n] for n in WANTED}), commit
+    rc_source = show("verl/trainer/ppo/rollout_corr_helper.py")
+    rc_ns: dict[str, Any] = {"torch": torch, "math": __import__("math"), "Optional": Optional, "Any": Any, "verl_F": ns["verl_F"]}
+    for node in ast.parse(rc_source).body:  # its module constants (SAFETY_BOUND, the option sets)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            exec(ast.get_source_segment(rc_source, node), rc_ns)
+    exec(_functions(rc_source, RC_WANTED), rc_ns)
+    return SimpleNamespace(**{n: ns[n] for n in WANTED}, **{n: rc_ns[n] for n in RC_WANTED}), commit
 
 
 def fixed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -152,6 +160,30 @@ def parity_rows(verl: SimpleNamespace) -> list[tuple[str, float, float, float]]:
         name = f"kl_penalty {value}" + (f" (gradient of {grad})" if grad != value else "")
         rows.append((f"{name} = kl_estimate {ours} (sum)", a.sum().item(), b.sum().item(),
                      max((lp1.grad - lp2.grad).abs().max().item(), (a - b).abs().max().item())))
+    rows += rollout_correction_rows(verl, d)
+    return rows
+
+
+def rollout_correction_rows(verl: SimpleNamespace, d: dict) -> list[tuple[str, float, float, float]]:
+    """IS weights and rejection masks (scalerl/algorithms/rollout_correction.py) against verl's
+    compute_rollout_correction_weights / compute_rollout_rejection_mask, π_old = d["old"],
+    π_sampler = d["logps"] (their drift is what the presets correct). The row's "loss" is the sum of
+    weights (or of kept tokens); the difference column is the largest elementwise one."""
+    from scalerl.algorithms.rollout_correction import is_weights, rejection_mask
+
+    old, sampler, mask = d["old"], d["logps"], d["mask"]
+    rows = []
+    for level, cap in (("token", 2.0), ("token", 1.2), ("sequence", 2.0), ("sequence", 5.0)):
+        theirs, _ = verl.compute_rollout_correction_weights(old - sampler, mask, rollout_is=level, rollout_is_threshold=cap)
+        ours = is_weights(old, sampler, mask, level=level, cap=cap)
+        rows.append((f"rollout IS {level}, cap {cap}", theirs.sum().item(), ours.sum().item(), (theirs - ours).abs().max().item()))
+    for mode, low, high in (("token_k1", 0.5, 2.0), ("token_k1", 0.8, 1.25), ("seq_sum_k1", 0.5, 2.0), ("seq_mean_k1", 0.8, 1.25),
+                            ("seq_mean_k1", 0.9, 1.1), ("seq_mean_k3", None, 0.1), ("token_k2", None, 0.1), ("seq_max_k3", None, 0.2),
+                            ("seq_sum_k3", None, 0.3)):
+        threshold = high if low is None else f"{low}_{high}"
+        theirs, _ = verl.compute_rollout_rejection_mask(old - sampler, mask, rollout_rs=mode, rollout_rs_threshold=threshold)
+        ours = rejection_mask(old, sampler, mask, mode=mode, low=low or 0.5, high=high)
+        rows.append((f"rollout RS {mode} {threshold} (kept tokens)", theirs.sum().item(), ours.sum().item(), (theirs - ours).abs().max().item()))
     return rows
 
 

@@ -377,6 +377,9 @@ def test_fp16_compute_is_for_standard_only():
     ({"algorithm.policy_loss": "clip_cov", "algorithm.clip_cov_low": 5.0, "algorithm.clip_cov_high": 1.0}, "algorithm.clip_cov_low"),
     ({"algorithm.name": "cispo", "algorithm.policy_loss": "sapo"}, "policy_loss"),  # CISPO is its own policy loss
     ({"algorithm.top_entropy_quantile": 0.0}, "top_entropy_quantile"),
+    ({"algorithm.rollout_correction": "token_tis", "algorithm.tis_cap": 2.0}, "algorithm.rollout_correction=token_tis with algorithm.tis_cap"),
+    ({"algorithm.rollout_correction": "icepop", "algorithm.policy_loss": "vespo"}, "algorithm.rollout_correction with algorithm.policy_loss=vespo"),
+    ({"algorithm.rollout_correction": "geo_mis", "algorithm.rollout_rs_low": 3.0}, "algorithm.rollout_rs_low"),
 ])
 def test_incompatible_policy_loss_pairs_are_refused_in_one_line(overrides, needle):
     message = _error(overrides=[f"{k}={v}" for k, v in overrides.items()])
@@ -387,6 +390,8 @@ def test_new_objective_options_are_accepted():
     config = load_config(overrides=["algorithm.name=cispo", "algorithm.importance_level=sequence", "algorithm.loss_agg=sequence_sum",
                                     "algorithm.top_entropy_quantile=0.2", "algorithm.kl.estimator=k3+"])
     assert config.algorithm.importance_level == "sequence" and config.algorithm.loss_agg == "sequence_sum"
+    # a rollout-correction preset counts as the off-policy correction that async rollouts need
+    check_config(load_config(overrides=["rollout.mode=async", "rollout.max_staleness=1", "algorithm.rollout_correction=geo_mis_token_tis"]))
 
 
 @pytest.mark.parametrize("overrides, needle", [

@@ -51,6 +51,8 @@ from scalerl.algorithms.policy_losses import (
     vespo_objective,
 )
 
+from scalerl.algorithms.rollout_correction import RolloutCorrection, rollout_correction
+
 PolicyLoss = Literal["clip", "cispo", "sapo", "vespo", "gmpo", "clip_cov", "kl_cov"]
 
 
@@ -82,6 +84,7 @@ def rl_objective(
     delta: float | None = None,
     eps_max: float = 5.0,
     tis_cap: float | None = None,
+    rollout_correction: RolloutCorrection | None = None,
     off_policy_mask: float | None = None,
     top_entropy_quantile: float = 1.0,
     beta: float = 0.0,
@@ -107,8 +110,8 @@ def rl_objective(
         ℓ_it  = p_it · M_i · E_it · w_it + β·KL_it + c_V·ℓᵛ_it
           M_i   = 1[A_i ≥ 0 or mean_t(log π_sampler − sg(log π_θ)) ≤ off_policy_mask]  (DeepSeek-V3.2)
           E_it  = 1[H_it ≥ the (1 − top_entropy_quantile) quantile of the batch's H]  (`high_entropy_mask`)
-          w_it  = sg(min(π_old / π_sampler, tis_cap))     (truncated IS, Yao et al., 2025; vespo puts
-                  log w into its sequence weight instead, as TRL)
+          w_it  = sg(min(π_old / π_sampler, tis_cap)) (truncated IS, Yao et al.; vespo folds log w into φ, as TRL),
+                  or a `rollout_correction` preset's weights × rejection mask (rollout_correction.py)
           KL_it = k(log π_θ − sg(log π_ref)), times ρ_it when kl_with_ratio (DeepSeek-V3.2's unbiased
                   KL; ρ before the δ cap and with its gradient, as TRL's use_bias_correction_kl)
           ℓᵛ_it = PPO clipped value loss (`value_loss`)
@@ -116,10 +119,9 @@ def rl_objective(
     Each factor is present only when its option and inputs are: M with `off_policy_mask` (π_old
     stands in for a missing π_sampler, as in TRL), E with top_entropy_quantile < 1 and `entropy`,
     w with `tis_cap` and sampler_logprobs, β·KL with beta > 0 (KL is measured whenever
-    ref_logprobs is given), ℓᵛ with `returns`, the bonus with `entropy`. The bonus is a token mean
-    at every loss_agg (TRL 1.16: L_policy − c·H) over the tokens E keeps, over `token_normalizer`
-    tokens when given (micro-batching; scaled by the share E keeps) else the batch's own.
-    `normalizer` is `aggregate`'s (see `aggregation_units`); "constant" defaults to B · max_new_tokens.
+    ref_logprobs is given), ℓᵛ with `returns`, the bonus with `entropy`: a token mean at every loss_agg
+    (TRL 1.16: L_policy − c·H) over the tokens E keeps, over `token_normalizer` tokens when given (scaled
+    by the share E keeps) else the batch's own. `normalizer`: `aggregate`'s (see `aggregation_units`).
 
     Returns the scalar loss and detached 0-dim diagnostics: clip_frac, approx_kl, ratio_mean, ratio_max
     (`policy_stats`), the policy loss's own (sapo_gate, vespo_phi, gmpo_ratio, cov_frac), and with their
@@ -131,7 +133,7 @@ def rl_objective(
         raise ValueError("beta > 0 needs ref_logprobs")
     log_ratio = importance_log_ratio(x.logprobs, x.old_logprobs, mask, importance_level)  # (B, T) or (B, 1)
     clip = dict(importance_level=importance_level, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, delta=delta)
-    per_token, stats, keep_entropy = _policy_part(x, policy_loss, policy_params or {}, clip, eps_max, tis_cap,
+    per_token, stats, keep_entropy = _policy_part(x, policy_loss, policy_params or {}, clip, eps_max, (tis_cap, rollout_correction),
                                                   off_policy_mask, top_entropy_quantile, log_ratio)
     if x.ref_logprobs is not None:
         kl = kl_estimate(x.logprobs, x.ref_logprobs.detach(), kl_estimator)  # (B, T)
@@ -159,13 +161,16 @@ def _policy_part(
     params: dict[str, float],
     clip: dict,
     eps_max: float,
-    tis_cap: float | None,
+    correction: tuple[float | None, RolloutCorrection | None],
     off_policy_mask: float | None,
     top_entropy_quantile: float,
     log_ratio: torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """p · M · E · w (B, T), its diagnostics, and E (None when every token is kept)."""
-    mask = x.loss_mask
+    mask, (tis_cap, rc) = x.loss_mask, correction
+    if rc is not None and (tis_cap is not None or policy_loss == "vespo"):
+        raise ValueError(f"rollout_correction with {'tis_cap' if tis_cap is not None else 'policy_loss=vespo'}: "
+                         "both weight by π_old/π_sampler; use one")
     is_log = None
     if policy_loss == "vespo" and tis_cap is not None and x.sampler_logprobs is not None:
         is_log = torch.log(truncated_is_weights(x.old_logprobs, x.sampler_logprobs, cap=tis_cap))  # (B, T)
@@ -186,6 +191,9 @@ def _policy_part(
     if tis_cap is not None:  # without sampler_logprobs π_sampler = π_old: no weight, none capped
         weighted, stats["tis_clip_frac"] = _truncated_is(per_token, x, tis_cap)
         per_token = per_token if is_log is not None else weighted
+    if rc is not None and x.sampler_logprobs is not None:  # without them π_sampler = π_old: nothing to correct
+        factor, rc_stats = rollout_correction(x.old_logprobs, x.sampler_logprobs, mask, rc)
+        per_token, stats = per_token * factor, stats | rc_stats
     stats |= _sampler_drift(x)
     return per_token, stats, keep_entropy
 

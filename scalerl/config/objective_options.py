@@ -60,3 +60,38 @@ class EntropyOptions(_Options):
                                                                 "the target, falls otherwise, and is applied only while at or below it; entropy_coef is its start.")
     entropy_coef_step: float = Field(0.005, gt=0, description="entropy_target: change of the coefficient per update (TRL's entropy_coef_delta).")
     entropy_coef_max: float = Field(1.0, gt=0, description="entropy_target: largest coefficient (it never falls below 0).")
+
+
+class RolloutCorrectionOptions(_Options):
+    """Named rollout-correction presets (scalerl/algorithms/rollout_correction.py, after verl's rollout_corr)."""
+
+    rollout_correction: Literal["token_tis", "seq_tis", "icepop", "seq_mis", "geo_mis", "k3_mis", "geo_mis_token_tis", "geo_mis_seq_tis",
+                                "seq_mis_seq_tis"] | None = Field(
+        None, description="Correction for tokens sampled by another policy (engine, stale copy), against its log-probs: *_tis: truncated IS weights "
+                          "pi_old/pi_sampler per token or per completion, capped at rollout_is_cap; icepop: drop tokens whose ratio leaves "
+                          "[rollout_rs_low, rollout_rs_high]; seq_mis / geo_mis: drop completions whose ratio / geometric-mean ratio leaves it; k3_mis: "
+                          "drop completions whose mean k3 drift exceeds rollout_rs_high; combinations as named. Metrics rollout_corr/*. null: none.")
+    rollout_is_cap: float = Field(2.0, gt=0, description="rollout_correction *_tis: cap C of the importance weights.")
+    rollout_rs_low: float = Field(0.5, gt=0, description="rollout_correction masks: lower end of the kept ratio band.")
+    rollout_rs_high: float = Field(2.0, gt=0, description="rollout_correction masks: upper end of the band (k3_mis: largest mean k3).")
+
+    @model_validator(mode="after")
+    def _check_rollout_correction(self) -> "RolloutCorrectionOptions":
+        if self.rollout_correction is not None and getattr(self, "tis_cap", None) is not None:
+            raise ValueError(f"algorithm.rollout_correction={self.rollout_correction} with algorithm.tis_cap: both weight by pi_old/pi_sampler; "
+                             "use one (rollout_correction=token_tis is tis_cap's weights)")
+        if self.rollout_correction is not None and getattr(self, "policy_loss", "clip") == "vespo":
+            raise ValueError("algorithm.rollout_correction with algorithm.policy_loss=vespo: vespo puts the sampler correction into its own "
+                             "weight; use tis_cap")
+        if self.rollout_rs_low >= self.rollout_rs_high:
+            raise ValueError(f"algorithm.rollout_rs_low ({self.rollout_rs_low}) must be below algorithm.rollout_rs_high ({self.rollout_rs_high})")
+        return self
+
+    @property
+    def correction(self):
+        """The objective's RolloutCorrection, or None."""
+        if self.rollout_correction is None:
+            return None
+        from scalerl.algorithms.rollout_correction import RolloutCorrection  # torch: only when a preset is set
+
+        return RolloutCorrection(self.rollout_correction, cap=self.rollout_is_cap, low=self.rollout_rs_low, high=self.rollout_rs_high)

@@ -33,7 +33,7 @@ def objective_settings(algo: AlgorithmConfig, *, max_new_tokens: int) -> dict[st
     settings: dict[str, Any] = dict(
         loss_agg=algo.loss_agg, max_new_tokens=max_new_tokens, tis_cap=algo.tis_cap, off_policy_mask=algo.off_policy_mask,
         kl_estimator=algo.kl.estimator, kl_with_ratio=algo.kl.with_ratio, entropy_coef=algo.entropy_coef,
-        top_entropy_quantile=algo.top_entropy_quantile,
+        top_entropy_quantile=algo.top_entropy_quantile, rollout_correction=algo.correction,
     )
     if algo.name == "cispo":
         settings.update(policy_loss="cispo", eps_max=algo.eps_max, importance_level=algo.importance_level)

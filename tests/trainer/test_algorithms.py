@@ -9,6 +9,7 @@ import torch
 
 from conftest import tiny_overrides
 from scalerl.algorithms.kl_control import progressive_beta
+from scalerl.algorithms.rollout_correction import RolloutCorrection
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
@@ -134,8 +135,10 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
     ({"algorithm.top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
     ({"algorithm.name": "cispo", "algorithm.importance_level": "sequence"}, {"policy_loss": "cispo", "importance_level": "sequence"}),
     ({"algorithm.kl.beta": 0.1, "algorithm.kl.estimator": "k3+"}, {"kl_estimator": "k3+"}),
+    ({"algorithm.rollout_correction": "icepop", "algorithm.rollout_rs_low": 0.8},
+     {"rollout_correction": RolloutCorrection("icepop", cap=2.0, low=0.8, high=2.0)}),
 ], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy", "sapo", "vespo",
-        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus"])
+        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus", "rollout-correction"])
 def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
     """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
     from scalerl.distributed.context import DistContext
