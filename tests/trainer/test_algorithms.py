@@ -216,3 +216,15 @@ def test_adaptive_entropy_coefficient_is_steered_and_applied(runs, monkeypatch):
     loop.train_step(rollout, learner, 4, learner.ctx)
     loop.train_step(rollout, learner, 5, learner.ctx)
     assert coefs == pytest.approx([0.01, 0.0]) and learner.state.entropy_coef == pytest.approx(0.0)
+
+
+def test_policy_loss_and_rollout_correction_diagnostics_reach_the_step_metrics(runs):
+    from scalerl.distributed.context import DistContext
+
+    config = load_config(overrides=tiny_overrides(runs, "diag", **{"algorithm.policy_loss": "sapo", "algorithm.rollout_correction": "geo_mis_token_tis",
+                                                                    "algorithm.top_entropy_quantile": 0.5}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
+    assert 0 < metrics["sapo_gate"] <= 1 and 0 < metrics["top_entropy_frac"] <= 1
+    assert {"rollout_corr/ratio_p50", "rollout_corr/masked_frac", "rollout_corr/is_clip_frac", "rollout_corr/sampler_kl_k3"} <= set(metrics)
+    assert 0.5 < metrics["rollout_corr/ratio_p50"] < 2  # the sampler is the same model: ratios near 1
