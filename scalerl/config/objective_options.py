@@ -86,12 +86,3 @@ class RolloutCorrectionOptions(_Options):
         if self.rollout_rs_low >= self.rollout_rs_high:
             raise ValueError(f"algorithm.rollout_rs_low ({self.rollout_rs_low}) must be below algorithm.rollout_rs_high ({self.rollout_rs_high})")
         return self
-
-    @property
-    def correction(self):
-        """The objective's RolloutCorrection, or None."""
-        if self.rollout_correction is None:
-            return None
-        from scalerl.algorithms.rollout_correction import RolloutCorrection  # torch: only when a preset is set
-
-        return RolloutCorrection(self.rollout_correction, cap=self.rollout_is_cap, low=self.rollout_rs_low, high=self.rollout_rs_high)
