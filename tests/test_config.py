@@ -380,6 +380,7 @@ def test_fp16_compute_is_for_standard_only():
     ({"algorithm.rollout_correction": "token_tis", "algorithm.tis_cap": 2.0}, "algorithm.rollout_correction=token_tis with algorithm.tis_cap"),
     ({"algorithm.rollout_correction": "icepop", "algorithm.policy_loss": "vespo"}, "algorithm.rollout_correction with algorithm.policy_loss=vespo"),
     ({"algorithm.rollout_correction": "geo_mis", "algorithm.rollout_rs_low": 3.0}, "algorithm.rollout_rs_low"),
+    ({"algorithm.name": "ppo", "algorithm.distill_teacher": "builtin"}, "algorithm.distill_teacher with algorithm.name=ppo"),
 ])
 def test_incompatible_policy_loss_pairs_are_refused_in_one_line(overrides, needle):
     message = _error(overrides=[f"{k}={v}" for k, v in overrides.items()])

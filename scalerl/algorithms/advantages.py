@@ -194,3 +194,31 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     if not shift_mean:
         out = out + mean
     return masked_fill_zero(out, mask)
+
+
+def distillation_advantages(
+    teacher_logprobs: torch.Tensor,
+    student_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    coef: float = 1.0,
+    task_advantages: torch.Tensor | None = None,
+    task_coef: float = 0.0,
+) -> torch.Tensor:
+    """On-policy distillation's dense advantage (Agarwal et al., 2024, "On-Policy Distillation of
+    Language Models: Learning from Self-Generated Mistakes"; Thinking Machines' tinker-cookbook, 2025;
+    TRL's GKD at λ = 1, β = 1): on the student's own samples, each token is rewarded by the teacher's
+    log-probability over the student's, the negative per-token reverse KL, optionally mixed with the
+    task's outcome advantage:
+
+        Â_it = coef · (log π_teacher(y_it) − log π_student(y_it)) + task_coef · Â_i
+
+    No discounting across tokens (each token's own reverse-KL term, as tinker-cookbook's default).
+    `student_logprobs` are the sampling policy's (π_old), detached. Returns (B, T), 0 off the mask.
+    """
+    with torch.no_grad():
+        adv = coef * masked_fill_zero(teacher_logprobs - student_logprobs, loss_mask)  # (B, T)
+        if task_advantages is not None and task_coef:
+            task = task_advantages.unsqueeze(1) if task_advantages.dim() == 1 else task_advantages
+            adv = adv + task_coef * masked_fill_zero(task.expand_as(adv), loss_mask)
+        return adv

@@ -86,3 +86,13 @@ class RolloutCorrectionOptions(_Options):
         if self.rollout_rs_low >= self.rollout_rs_high:
             raise ValueError(f"algorithm.rollout_rs_low ({self.rollout_rs_low}) must be below algorithm.rollout_rs_high ({self.rollout_rs_high})")
         return self
+
+
+class DistillOptions(_Options):
+    """On-policy distillation (scalerl/algorithms/advantages.py: distillation_advantages)."""
+
+    distill_teacher: str | None = Field(None, description="On-policy distillation: a teacher causal LM (a local folder with the student's tokenizer, or "
+                                                          "'builtin') whose per-token log-probs on the student's own samples give the advantage "
+                                                          "distill_coef x (log pi_teacher - log pi_student), plus distill_task_coef x the task advantage.")
+    distill_coef: float = Field(1.0, gt=0, description="distill_teacher: weight of the per-token reverse-KL advantage.")
+    distill_task_coef: float = Field(0.0, ge=0, description="distill_teacher: weight of the task reward's advantage mixed in (0: pure distillation).")

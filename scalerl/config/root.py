@@ -139,6 +139,8 @@ class Config(_Section):
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")
+        if self.algorithm.distill_teacher is not None and self.algorithm.name == "ppo":
+            raise ValueError("algorithm.distill_teacher with algorithm.name=ppo: distillation's per-token advantage replaces GAE's; use grpo, cispo, rloo or reinforce_pp")
         if self.reward.normalize_components and self.rollout.group_size == 1:
             raise ValueError("reward.normalize_components with rollout.group_size=1: a group of one has no spread to normalise by; use group_size >= 2")
         if self.rollout.group_size == 1 and _group_relative(self.algorithm):

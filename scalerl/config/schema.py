@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from scalerl.config.objective_options import EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
+from scalerl.config.objective_options import DistillOptions, EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
 
 
 class _Section(BaseModel):
@@ -121,7 +121,7 @@ class KLConfig(_Section):
         return self.beta > 0 or self.track or self.max_kl is not None or self.schedule != "fixed"
 
 
-class _Objective(EntropyOptions, RolloutCorrectionOptions, _Section):
+class _Objective(EntropyOptions, RolloutCorrectionOptions, DistillOptions, _Section):
     """What every objective shares: aggregation, KL, entropy bonus, off-policy cap, data-side filters."""
 
     loss_agg: Literal["token", "sequence", "prompt", "constant", "sequence_sum"] = Field(

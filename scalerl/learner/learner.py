@@ -28,7 +28,8 @@ from scalerl.algorithms.advantages import gae, masked_moments, whiten
 from scalerl.algorithms.kl import kl_estimate
 from scalerl.algorithms.kl_control import KLController
 from scalerl.algorithms.entropy_control import applied_entropy_coef, next_entropy_coef
-from scalerl.algorithms.losses import aggregation_units, mask_truncated
+from scalerl.algorithms.advantages import distillation_advantages
+from scalerl.algorithms.losses import aggregation_units, mask_truncated, masked_fill_zero
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, HealthConfig, OptimConfig
 from scalerl.distributed.context import DistContext
@@ -148,11 +149,13 @@ class Learner:
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
                  parallel: Strategy, forgetting: Forgetting | None = None, health: HealthConfig | None = None,
-                 offload: bool = False):
+                 offload: bool = False, teacher_forward: torch.nn.Module | None = None):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
         `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
-        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py)."""
+        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py);
+        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
+        self.teacher_forward = teacher_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
         self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
@@ -194,6 +197,8 @@ class Learner:
             kl = self.ctx.sum(torch.tensor([metrics["kl"], metrics["kl_seq"]], dtype=torch.float64)) / self.ctx.world_size
             self.kl_ctl.update(kl[0 if self.algo.kl.level == "token" else 1].item(), n_steps=len(batch) * self.ctx.world_size)
         metrics.update(lr=lr, beta=beta, on_policy=float(on_policy), staleness=float(self.state.version - batch.policy_version))
+        if self.teacher_forward is not None:
+            metrics["distill/reverse_kl"] = self.distill_kl  # mean over trained tokens of log π_student − log π_teacher
         self.state.version += 1
         return metrics
 
@@ -233,7 +238,9 @@ class Learner:
         w = batch.row_weights.to(mask.device) if batch.row_weights is not None else None  # PER's importance weights (replay)
         if algo.name != "ppo":
             advantages = self.global_outcome_advantages(batch.rewards)
-            return Targets(mask, advantages if w is None else advantages * w, old_lp, ref_lp)
+            if self.teacher_forward is not None:
+                advantages = self.distill_advantages(rollout, mask, old_lp, advantages)  # (B, T)
+            return Targets(mask, advantages if w is None else advantages * (w if advantages.dim() == 1 else w[:, None]), old_lp, ref_lp)
         old_values = self.frozen_forward(None, rollout, values=True)
         token_rewards = outcome_token_rewards(batch.rewards, mask)  # (B, T)
         if algo.kl.in_reward and ref_lp is not None and beta > 0:  # classic RLHF: r_t − β·(log π_old − log π_ref)
@@ -242,6 +249,17 @@ class Learner:
         if algo.whiten_advantages:  # over the tokens of every rank
             advantages = whiten(advantages, mask, moments=self.ctx.sum(masked_moments(advantages, mask)))
         return Targets(mask, advantages if w is None else advantages * w[:, None], old_lp, ref_lp, old_values, returns)
+
+    def distill_advantages(self, rollout: Rollout, mask: torch.Tensor, old_lp: torch.Tensor | None,
+                           task: torch.Tensor) -> torch.Tensor:
+        """On-policy distillation's per-token advantage (B, T) against the teacher; the mean reverse KL
+        over this rank's trained tokens goes to `self.distill_kl` for the step's metrics."""
+        student = old_lp if old_lp is not None else self.frozen_forward(self.policy_forward, rollout)
+        teacher = self.frozen_forward(self.teacher_forward, rollout)
+        totals = self.ctx.sum(torch.stack([masked_fill_zero(student - teacher, mask).sum(), mask.sum()]).double())
+        self.distill_kl = (totals[0] / totals[1].clamp(min=1)).item()
+        return distillation_advantages(teacher, student, mask, coef=self.algo.distill_coef, task_advantages=task,
+                                       task_coef=self.algo.distill_task_coef)
 
     def kl_guard(self, t: Targets) -> tuple[float, dict[str, float]]:
         """With kl.max_kl: KL(π_θ ‖ π_ref) of the whole batch (all ranks) before the update, at kl.level;

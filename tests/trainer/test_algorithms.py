@@ -228,3 +228,31 @@ def test_policy_loss_and_rollout_correction_diagnostics_reach_the_step_metrics(r
     assert 0 < metrics["sapo_gate"] <= 1 and 0 < metrics["top_entropy_frac"] <= 1
     assert {"rollout_corr/ratio_p50", "rollout_corr/masked_frac", "rollout_corr/is_clip_frac", "rollout_corr/sampler_kl_k3"} <= set(metrics)
     assert 0.5 < metrics["rollout_corr/ratio_p50"] < 2  # the sampler is the same model: ratios near 1
+
+
+def test_on_policy_distillation_uses_the_teacher_per_token(runs, tmp_path, monkeypatch):
+    """algorithm.distill_teacher: a teacher that differs from the student gives per-token advantages
+    log π_teacher − log π_student (B, T) and a non-zero distill/reverse_kl; a teacher equal to the student gives 0."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+    from scalerl.models.loading import load_model
+
+    from scalerl.config.schema import ModelConfig
+
+    teacher = load_model(ModelConfig(), torch.device("cpu"))
+    with torch.no_grad():
+        teacher.get_output_embeddings().weight.mul_(3.0)  # sharper: a different distribution
+    teacher.save_pretrained(tmp_path / "teacher")
+    seen = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: seen.append(inputs.advantages) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "distill", **{"algorithm.distill_teacher": str(tmp_path / "teacher")}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    batch, metrics = loop.train_step(rollout, learner, 1, learner.ctx)
+    [adv] = seen
+    assert adv.dim() == 2 and adv.abs().sum() > 0 and metrics["distill/reverse_kl"] != 0.0
+    seen.clear()
+    same = load_config(overrides=tiny_overrides(runs, "distill-same", **{"algorithm.distill_teacher": "builtin"}))
+    rollout, learner, _ = loop.build_roles(same, DistContext(), resume=False)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
+    assert seen[0].abs().max().item() < 1e-4 and abs(metrics["distill/reverse_kl"]) < 1e-4
