@@ -219,13 +219,17 @@ def cispo_objective(
     advantages: torch.Tensor,
     *,
     eps_max: float = 5.0,
+    eps_min: float | None = None,
     loss_mask: torch.Tensor | None = None,
     importance_level: ImportanceLevel = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO, per token (MiniMax-M1, 2025; the ScaleRL paper's choice, Khatri et al., 2025).
 
         ρ_t = exp(log π_θ(y_t) − log π_old(y_t))
-        ℓ_t = −sg(min(ρ_t, ε_max)) · Â · log π_θ(y_t)
+        ℓ_t = −sg(clip(ρ_t, ε_min, ε_max)) · Â · log π_θ(y_t)        (no lower bound when ε_min is None)
+
+    `eps_min` is SkyRL's two-sided form (its cispo_eps_clip_low, as the absolute bound 1 − ε_low): a
+    token the policy has turned far away from keeps at least weight ε_min.
 
     The importance weight is truncated from above only and is under stop-gradient, so every token
     keeps a gradient −sg(min(ρ_t, ε_max)) Â ∇log π_θ(y_t) (PPO's clip zeroes it instead). The
@@ -237,13 +241,14 @@ def cispo_objective(
         logprobs, old_logprobs: (B, T).
         advantages: (B,) one per completion, or (B, T) per token.
     Returns:
-        per_token ℓ (B, T), and `clipped` (B, T) bool: ρ_t > ε_max (the weight was truncated).
+        per_token ℓ (B, T), and `clipped` (B, T) bool: ρ_t outside [ε_min, ε_max] (the weight was truncated).
     """
     with torch.no_grad():
         ratio = torch.exp(importance_log_ratio(logprobs, old_logprobs, loss_mask, importance_level))  # (B, T) or (B, 1)
-        weight = ratio.clamp(max=eps_max)  # no lower bound
+        weight = ratio.clamp(min=eps_min, max=eps_max)  # no lower bound unless eps_min
     per_token = -weight * _per_token(advantages) * logprobs  # (B, T)
-    return per_token, (ratio > eps_max).expand(logprobs.shape)
+    clipped = (ratio > eps_max) if eps_min is None else (ratio > eps_max) | (ratio < eps_min)
+    return per_token, clipped.expand(logprobs.shape)
 
 
 def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, *, cap: float) -> torch.Tensor:

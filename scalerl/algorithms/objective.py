@@ -103,7 +103,7 @@ def rl_objective(
         ρ_it  = exp(log π_θ − sg(log π_old))           or GSPO's exp(mean_t log ρ_it) per row (Zheng et al., 2025)
         clip:     p = −min(min(ρ, δ)·A, clip(ρ, 1−ε_low, 1+ε_high)·A)  (PPO; DAPO clip-higher; INTELLECT-2 δ,
                   which is also dual-clip PPO's c: −A·min(c, max(ρ, clip ρ)) for A < 0, Ye et al., 2020)
-        cispo:    p = −sg(min(ρ, ε_max))·A·log π_θ                      (MiniMax-M1, 2025)
+        cispo:    p = −sg(clip(ρ, ε_min, ε_max))·A·log π_θ   (MiniMax-M1; ε_min: SkyRL's, policy_params)
         sapo, vespo, gmpo, clip_cov, kl_cov: see scalerl/algorithms/policy_losses.py; `policy_params`
                   are that function's keywords (sapo: tau_pos, tau_neg; vespo: k_pos, lambda_pos, k_neg,
                   lambda_neg; clip_cov: ratio, cov_low, cov_high; kl_cov: ratio, kl_coef)
@@ -143,7 +143,7 @@ def rl_objective(
             per_token = per_token + beta * kl
         stats["kl"], stats["kl_seq"] = masked_kl(kl, mask, "token"), masked_kl(kl, mask, "sequence")
     if x.returns is not None:
-        vloss = _value_term(x, value_clip)  # (B, T)
+        vloss, stats["value_clip_frac"] = _value_term(x, value_clip)  # (B, T), 0-dim
         per_token = per_token + vf_coef * vloss
         stats["value_loss"] = masked_mean(vloss, mask)
 
@@ -246,7 +246,7 @@ def _policy_term(
             keep = clip_cov_keep(adv, lp, mask, clipped, **params)  # (B, T)
             return per_token * keep, clipped | (keep == 0), {"cov_frac": masked_mean(1.0 - keep, mask)}
         case "cispo":
-            return *cispo_objective(lp, old, adv, eps_max=eps_max, loss_mask=mask,
+            return *cispo_objective(lp, old, adv, eps_max=eps_max, eps_min=params.get("eps_min"), loss_mask=mask,
                                     importance_level=clip["importance_level"]), {}
         case "sapo":
             return sapo_objective(lp, old, adv, loss_mask=mask, importance_level=clip["importance_level"], **params)
@@ -276,14 +276,21 @@ def _sampler_drift(x: ObjectiveInputs) -> dict[str, torch.Tensor]:
     return {"sampler_kl": masked_mean(x.sampler_logprobs - x.old_logprobs, x.loss_mask)}
 
 
-def _value_term(x: ObjectiveInputs, value_clip: float | None) -> torch.Tensor:
-    """PPO's per-token value loss (B, T); the clipped form needs old_values."""
+def _value_term(x: ObjectiveInputs, value_clip: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's per-token value loss (B, T), and the share of trained tokens whose clipped branch was the
+    larger one (their value gradient is gone; 0 without a clip). The clipped form needs old_values."""
     if x.values is None:
         raise ValueError("returns needs values (the critic's predictions)")
     if x.old_values is None and value_clip is not None:
         raise ValueError("a clipped value loss needs old_values (or value_clip=None)")
     old_values = x.values.detach() if x.old_values is None else x.old_values  # unused when value_clip is None
-    return value_loss(x.values, old_values, x.returns, clip_eps=value_clip)
+    vloss = value_loss(x.values, old_values, x.returns, clip_eps=value_clip)
+    if value_clip is None:
+        return vloss, x.values.new_zeros(())
+    with torch.no_grad():
+        v_clip = old_values + (x.values - old_values).clamp(-value_clip, value_clip)
+        clipped = ((v_clip - x.returns).square() > (x.values - x.returns).square()).to(x.values.dtype)
+    return vloss, masked_mean(clipped, x.loss_mask)
 
 
 def _masked_row_fraction(keep: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

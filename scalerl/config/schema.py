@@ -155,7 +155,8 @@ class GRPOConfig(_Clipped):
 
 class CISPOConfig(_Objective):
     name: Literal["cispo"] = "cispo"
-    eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight (capped from above only).")
+    eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight.")
+    eps_min: float | None = Field(None, ge=0, lt=1, description="Lower cap of the weight (SkyRL's two-sided CISPO, 1 - its eps_clip_low); null: none.")
     importance_level: Literal["token", "sequence"] = Field(
         "token", description="token: one weight per token; sequence: every token weighted by its completion's geometric-mean ratio (GSPO's, TRL's cispo with importance_sampling_level=sequence).")
     scale_rewards: Literal["group", "batch", "none"] = Field("batch", description="Advantage normalisation; the ScaleRL recipe uses batch.")

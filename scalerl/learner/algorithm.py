@@ -37,7 +37,8 @@ def objective_settings(algo: AlgorithmConfig, *, max_new_tokens: int) -> dict[st
         top_entropy_quantile=algo.top_entropy_quantile, rollout_correction=_rollout_correction(algo),
     )
     if algo.name == "cispo":
-        settings.update(policy_loss="cispo", eps_max=algo.eps_max, importance_level=algo.importance_level)
+        settings.update(policy_loss="cispo", eps_max=algo.eps_max, importance_level=algo.importance_level,
+                        policy_params={} if algo.eps_min is None else {"eps_min": algo.eps_min})
     else:
         settings.update(policy_loss=algo.policy_loss, policy_params=algo.policy_params, clip_eps_low=algo.clip_eps_low,
                         clip_eps_high=algo.clip_eps_high, importance_level=algo.importance_level, delta=algo.delta)

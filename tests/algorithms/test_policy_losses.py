@@ -142,3 +142,23 @@ def test_top_entropy_quantile_trains_only_the_high_entropy_tokens():
 def test_incompatible_objective_options_are_refused(kw, message):
     with pytest.raises(ValueError, match=message):
         rl_objective(_inputs(), **kw)
+
+
+def test_cispo_lower_cap_by_hand():
+    # ρ = e^{−0.5} = 0.6065 on one token, A = 1, log π = −1.5: without eps_min ℓ = 0.6065·1.5; with eps_min 0.8, 0.8·1.5
+    old = torch.tensor([[-1.0]])
+    x = ObjectiveInputs((old - 0.5).requires_grad_(True), old, torch.tensor([1.0]), torch.tensor([[1]]))
+    plain, _ = rl_objective(x, policy_loss="cispo")
+    capped, stats = rl_objective(x, policy_loss="cispo", policy_params={"eps_min": 0.8})
+    assert plain.item() == pytest.approx(math.exp(-0.5) * 1.5, rel=1e-6)
+    assert capped.item() == pytest.approx(0.8 * 1.5, rel=1e-6) and stats["clip_frac"].item() == 1.0
+
+
+def test_value_clip_fraction_by_hand():
+    # V_old = 0, R = 1, ε = 0.2: V = 0.5 -> V_clip = 0.2, (0.2 − 1)² = 0.64 > (0.5 − 1)² = 0.25: clipped;
+    # V = 0.1 -> V_clip = 0.1, equal: not clipped. One of two tokens.
+    values = torch.tensor([[0.5, 0.1]], requires_grad=True)
+    x = ObjectiveInputs(torch.zeros(1, 2, requires_grad=True), torch.zeros(1, 2), torch.zeros(1), torch.ones(1, 2, dtype=torch.long),
+                        values=values, old_values=torch.zeros(1, 2), returns=torch.ones(1, 2))
+    _, stats = rl_objective(x, value_clip=0.2)
+    assert stats["value_clip_frac"].item() == 0.5

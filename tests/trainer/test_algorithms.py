@@ -135,10 +135,11 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
     ({"algorithm.top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
     ({"algorithm.name": "cispo", "algorithm.importance_level": "sequence"}, {"policy_loss": "cispo", "importance_level": "sequence"}),
     ({"algorithm.kl.beta": 0.1, "algorithm.kl.estimator": "k3+"}, {"kl_estimator": "k3+"}),
+    ({"algorithm.name": "cispo", "algorithm.eps_min": 0.5}, {"policy_loss": "cispo", "policy_params": {"eps_min": 0.5}}),
     ({"algorithm.rollout_correction": "icepop", "algorithm.rollout_rs_low": 0.8},
      {"rollout_correction": RolloutCorrection("icepop", cap=2.0, low=0.8, high=2.0)}),
 ], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy", "sapo", "vespo",
-        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus", "rollout-correction"])
+        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus", "cispo-eps-min", "rollout-correction"])
 def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
     """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
     from scalerl.distributed.context import DistContext
