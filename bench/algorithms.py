@@ -8,6 +8,11 @@ bench/results/algorithms_<date>.json, a Markdown table and a PNG of the mean cur
 
     pip install -e '.[bench]'
     python bench/algorithms.py --seeds 0 1 2 --steps 150 --save
+    python bench/algorithms.py --policy-losses --seeds 0 1 2 --steps 300 --save    # grpo vs each policy loss (issue 37)
+
+`--policy-losses` runs GRPO and each policy loss added in scalerl/algorithms/policy_losses.py
+(sapo, vespo, luspo, gmpo, clip_cov, kl_cov, top-entropy) on the default job, and the table adds
+each one's pass-rate gain and its difference from GRPO's gain (in points).
 """
 
 from __future__ import annotations
@@ -28,6 +33,20 @@ CONFIGS = {
     "reinforce_pp": {"algorithm.name": "reinforce_pp"},
     "ppo": {"algorithm.name": "ppo"},
     "preset:scalerl": {"preset": "scalerl"},
+}
+# GRPO with each newer policy loss, TRL's / verl's / the papers' recommended settings.
+POLICY_LOSSES = {
+    "grpo": {"algorithm.name": "grpo"},
+    "sapo": {"algorithm.policy_loss": "sapo", "algorithm.loss_agg": "sequence"},
+    "vespo": {"algorithm.policy_loss": "vespo"},
+    "luspo": {"algorithm.loss_agg": "sequence_sum", "algorithm.importance_level": "sequence",
+              "algorithm.clip_eps_low": 3e-4, "algorithm.clip_eps_high": 4e-4},
+    "gmpo": {"algorithm.policy_loss": "gmpo", "algorithm.clip_eps_low": 0.4, "algorithm.clip_eps_high": 0.4,
+             "algorithm.loss_agg": "sequence"},
+    "clip_cov": {"algorithm.policy_loss": "clip_cov", "algorithm.cov_ratio": 2e-4},
+    "kl_cov": {"algorithm.policy_loss": "kl_cov", "algorithm.cov_ratio": 2e-3},
+    "top_entropy_0.2": {"algorithm.top_entropy_quantile": 0.2},
+    "cispo_sequence": {"algorithm.name": "cispo", "algorithm.importance_level": "sequence"},
 }
 
 
@@ -50,25 +69,32 @@ def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, thre
             "wall_time_s": round(summary["wall_time_s"], 1), "curve": curve}
 
 
-def table(results: list[dict]) -> str:
-    lines = ["| objective | pass rate after (mean of seeds) | range | wall time (median) |", "|---|---|---|---|"]
-    for name in CONFIGS:
+def table(results: list[dict], configs: dict) -> str:
+    """Final pass rate per configuration; with GRPO among them, each one's gain and its gap to GRPO's gain (points)."""
+    gain = {name: statistics.mean(r["pass_rate_after"] - r["pass_rate_before"] for r in results if r["config"] == name)
+            for name in configs if any(r["config"] == name for r in results)}
+    lines = ["| objective | pass rate after (mean of seeds) | range | gain (points) | gain − GRPO's | wall time (median) |",
+             "|---|---|---|---|---|---|"]
+    for name in gain:
         rows = [r for r in results if r["config"] == name]
         after = [r["pass_rate_after"] for r in rows]
-        lines.append(f"| {name} | {statistics.mean(after):.3f} | {min(after):.3f}–{max(after):.3f} | "
+        vs = f"{100 * (gain[name] - gain['grpo']):+.1f}" if "grpo" in gain else "–"
+        lines.append(f"| {name} | {statistics.mean(after):.3f} | {min(after):.3f}–{max(after):.3f} | {100 * gain[name]:+.1f} | {vs} | "
                      f"{statistics.median(r['wall_time_s'] for r in rows):.1f} s |")
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], configs: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in CONFIGS:
+    for name in configs:
         curves = [r["curve"] for r in results if r["config"] == name]
+        if not curves:
+            continue
         steps = [s for s, _ in curves[0]]
         mean = [statistics.mean(c[i][1] for c in curves) for i in range(len(steps))]
         ax.plot(steps, mean, marker="o", label=name)
@@ -87,28 +113,31 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", nargs="*", default=None, help="a subset of: " + ", ".join(CONFIGS))
+    ap.add_argument("--only", nargs="*", default=None, help="a subset of: " + ", ".join({**CONFIGS, **POLICY_LOSSES}))
+    ap.add_argument("--policy-losses", action="store_true", help="GRPO and each newer policy loss instead of the algorithms")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
+    configs = POLICY_LOSSES if args.policy_losses else CONFIGS
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:  # seeds outermost, so a slow spell of the machine hits every objective alike
-            for name, overrides in CONFIGS.items():
+            for name, overrides in configs.items():
                 if args.only and name not in args.only:
                     continue
                 result = run(name, overrides, seed, args.steps, args.eval_every, args.threads, Path(tmp))
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
-    print(table(results))
+    print(table(results, configs))
     if args.save:
         date = datetime.date.today().isoformat()
-        out = ROOT / "bench" / "results"
-        (out / f"algorithms_{date}.json").write_text(json.dumps({"date": date, "args": vars(args), "runs": results}, indent=1) + "\n")
-        (out / f"algorithms_{date}.md").write_text(f"# Objectives at equal rollout budget ({date})\n\n"
-                                                    f"`python bench/algorithms.py --seeds {' '.join(map(str, args.seeds))} "
-                                                    f"--steps {args.steps} --threads {args.threads} --save`\n\n{table(results)}\n")
-        plot(results, out / f"algorithms_{date}.png")
-        print(f"wrote {out}/algorithms_{date}.{{json,md,png}}", file=sys.stderr)
+        out, stem = ROOT / "bench" / "results", ("policy_losses" if args.policy_losses else "algorithms") + f"_{date}"
+        flag = " --policy-losses" if args.policy_losses else ""
+        (out / f"{stem}.json").write_text(json.dumps({"date": date, "args": vars(args), "runs": results}, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(f"# Objectives at equal rollout budget ({date})\n\n"
+                                        f"`python bench/algorithms.py{flag} --seeds {' '.join(map(str, args.seeds))} "
+                                        f"--steps {args.steps} --threads {args.threads} --save`\n\n{table(results, configs)}\n")
+        plot(results, configs, out / f"{stem}.png")
+        print(f"wrote {out}/{stem}.{{json,md,png}}", file=sys.stderr)
 
 
 if __name__ == "__main__":

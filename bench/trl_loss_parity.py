@@ -52,6 +52,9 @@ class _Accelerator:
     def reduce(self, x, reduction="sum"):
         return x
 
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        return x
+
 
 def fixed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
@@ -72,31 +75,39 @@ def fixed_batch(seed: int = 0) -> dict[str, torch.Tensor]:
 def trl_trainer(cfg: dict, logps: torch.Tensor, entropy: torch.Tensor) -> GRPOTrainer:
     t = object.__new__(GRPOTrainer)
     args = SimpleNamespace(delta=cfg.get("delta"), use_bias_correction_kl=cfg.get("use_bias_correction_kl", False),
-                           steps_per_generation=1, entropy_target=0.0)
+                           steps_per_generation=cfg.get("accumulation", 1), entropy_target=0.0,
+                           sapo_temperature_pos=cfg.get("sapo_temperature_pos", 1.0),
+                           sapo_temperature_neg=cfg.get("sapo_temperature_neg", 1.05),
+                           vespo_k_pos=cfg.get("vespo_k_pos", 2.0), vespo_lambda_pos=cfg.get("vespo_lambda_pos", 3.0),
+                           vespo_k_neg=cfg.get("vespo_k_neg", 3.0), vespo_lambda_neg=cfg.get("vespo_lambda_neg", 2.0))
     eps = cfg.get("epsilon", 0.2)
     t.__dict__.update(
         args=args, loss_type=cfg["loss_type"], beta=cfg.get("beta", 0.0), epsilon_low=eps,
         epsilon_high=cfg.get("epsilon_high", eps),
         importance_sampling_level=cfg.get("importance_sampling_level", "token"),
-        off_policy_mask_threshold=cfg.get("off_policy_mask_threshold"), top_entropy_quantile=1.0,
+        off_policy_mask_threshold=cfg.get("off_policy_mask_threshold"),
+        top_entropy_quantile=cfg.get("top_entropy_quantile", 1.0),
         aux_loss_enabled=False, use_vllm=cfg.get("tis_cap") is not None,
         vllm_importance_sampling_correction=cfg.get("tis_cap") is not None, max_completion_length=T,
         entropy_coef=cfg.get("entropy_coef", 0.0), use_adaptive_entropy=False,
-        _entropy_bonus_enabled=cfg.get("entropy_coef", 0.0) != 0.0, current_gradient_accumulation_steps=1,
+        _entropy_bonus_enabled=cfg.get("entropy_coef", 0.0) != 0.0,
+        current_gradient_accumulation_steps=cfg.get("accumulation", 1),
         model=SimpleNamespace(training=True), accelerator=_Accelerator(),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
     t._get_per_token_logps_and_entropies = lambda *a, **k: (logps, entropy, None)
+    t.vllm_importance_sampling_mode = "token_truncate"
     return t
 
 
-def trl_loss(cfg: dict, d: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
+def trl_loss(cfg: dict, d: dict, num_items=None) -> tuple[float, torch.Tensor, torch.Tensor]:
     logps, entropy = d["logps"].clone().requires_grad_(True), d["entropy"].clone().requires_grad_(True)
+    b = len(d["mask"])
     inputs = {
-        "prompt_ids": torch.zeros(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": d["mask"],
+        "prompt_ids": torch.zeros(b, 2, dtype=torch.long), "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(b, T, dtype=torch.long), "completion_mask": d["mask"],
         "advantages": d["adv"], "old_per_token_logps": d["old"], "ref_per_token_logps": d["ref"],
-        "num_items_in_batch": d["mask"].sum(),
+        "num_items_in_batch": d["mask"].sum() if num_items is None else num_items,
     }
     if cfg.get("with_sampler"):
         inputs["sampling_per_token_logps"] = d["sampler"]
@@ -117,6 +128,9 @@ def our_loss(kw: dict, d: dict) -> tuple[float, torch.Tensor, torch.Tensor]:
     loss.backward()
     return loss.item(), logps.grad, entropy.grad
 
+
+SAPO = dict(tau_pos=1.0, tau_neg=1.05)  # TRL's defaults
+VESPO = dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
 
 # (name, TRL config, our keyword arguments)
 CASES = [
@@ -152,11 +166,61 @@ CASES = [
      dict(loss_agg="token", policy_loss="cispo", eps_max=1.5, importance_level="sequence", normalizer="N")),
     ("bnpo, vLLM IS token_truncate C=1.2", dict(loss_type="bnpo", tis_cap=1.2, with_sampler=True),
      dict(loss_agg="token", tis_cap=1.2, with_sampler=True)),
+    # SAPO: TRL reduces it as grpo (a sequence mean)
+    ("sapo", dict(loss_type="sapo"), dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO)),
+    ("sapo, tau 0.8/1.6, beta=0.04", dict(loss_type="sapo", sapo_temperature_pos=0.8, sapo_temperature_neg=1.6, beta=0.04),
+     dict(loss_agg="sequence", policy_loss="sapo", policy_params=dict(tau_pos=0.8, tau_neg=1.6), beta=0.04)),
+    ("sapo, importance_sampling_level=sequence", dict(loss_type="sapo", importance_sampling_level="sequence"),
+     dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO, importance_level="sequence")),
+    ("sapo, TIS C=1.2, OPM, entropy", dict(loss_type="sapo", tis_cap=1.2, with_sampler=True, off_policy_mask_threshold=0.05,
+                                           entropy_coef=0.01),
+     dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO, tis_cap=1.2, with_sampler=True, off_policy_mask=0.05,
+          entropy_coef=0.01)),
+    # VESPO: TRL reduces it as dapo (num_items_in_batch); vLLM IS goes into φ
+    ("vespo", dict(loss_type="vespo"), dict(loss_agg="token", policy_loss="vespo", policy_params=VESPO, normalizer="N")),
+    ("vespo, k 1.5/2.5, lambda 2/4, beta=0.04",
+     dict(loss_type="vespo", vespo_k_pos=1.5, vespo_k_neg=2.5, vespo_lambda_pos=2.0, vespo_lambda_neg=4.0, beta=0.04),
+     dict(loss_agg="token", policy_loss="vespo", normalizer="N", beta=0.04,
+          policy_params=dict(k_pos=1.5, k_neg=2.5, lambda_pos=2.0, lambda_neg=4.0))),
+    ("vespo, vLLM IS token_truncate C=1.2", dict(loss_type="vespo", tis_cap=1.2, with_sampler=True),
+     dict(loss_agg="token", policy_loss="vespo", policy_params=VESPO, normalizer="N", tis_cap=1.2, with_sampler=True)),
+    # LUSPO: the clip surrogate summed per completion, averaged over completions
+    ("luspo", dict(loss_type="luspo"), dict(loss_agg="sequence_sum")),
+    ("luspo, importance_sampling_level=sequence, beta=0.04",
+     dict(loss_type="luspo", importance_sampling_level="sequence", beta=0.04),
+     dict(loss_agg="sequence_sum", importance_level="sequence", beta=0.04)),
+    ("luspo, delta=1.3, entropy_coef=0.01", dict(loss_type="luspo", delta=1.3, entropy_coef=0.01),
+     dict(loss_agg="sequence_sum", delta=1.3, entropy_coef=0.01)),
+    # top_entropy_quantile: the policy term on the top share of tokens by entropy, the bonus on them too
+    ("grpo, top_entropy_quantile=0.5", dict(loss_type="grpo", top_entropy_quantile=0.5),
+     dict(loss_agg="sequence", top_entropy_quantile=0.5)),
+    ("bnpo, top_entropy_quantile=0.3, entropy_coef=0.01, beta=0.04",
+     dict(loss_type="bnpo", top_entropy_quantile=0.3, entropy_coef=0.01, beta=0.04),
+     dict(loss_agg="token", top_entropy_quantile=0.3, entropy_coef=0.01, beta=0.04)),
+    ("sapo, top_entropy_quantile=0.5, entropy_coef=0.01", dict(loss_type="sapo", top_entropy_quantile=0.5, entropy_coef=0.01),
+     dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO, top_entropy_quantile=0.5, entropy_coef=0.01)),
+    ("vespo, top_entropy_quantile=0.5", dict(loss_type="vespo", top_entropy_quantile=0.5),
+     dict(loss_agg="token", policy_loss="vespo", policy_params=VESPO, normalizer="N", top_entropy_quantile=0.5)),
+    ("luspo, top_entropy_quantile=0.5, TIS C=1.2", dict(loss_type="luspo", top_entropy_quantile=0.5, tis_cap=1.2, with_sampler=True),
+     dict(loss_agg="sequence_sum", top_entropy_quantile=0.5, tis_cap=1.2, with_sampler=True)),
     ("grpo, all of: sequence IS, delta, OPM, TIS, KL bias, entropy",
      dict(loss_type="grpo", importance_sampling_level="sequence", delta=1.3, off_policy_mask_threshold=0.05,
           tis_cap=1.2, with_sampler=True, beta=0.04, use_bias_correction_kl=True, entropy_coef=0.01),
      dict(loss_agg="sequence", importance_level="sequence", delta=1.3, off_policy_mask=0.05, tis_cap=1.2,
           with_sampler=True, beta=0.04, kl_with_ratio=True, entropy_coef=0.01)),
+]
+
+
+# Gradient accumulation (no entropy bonus: TRL's is a per-micro-batch mean, ours the mini-batch's
+# token mean; and not bnpo, which TRL divides by each micro-batch's own token count: see objective.py)
+SPLIT_CASES = [
+    ("grpo", dict(loss_type="grpo"), dict(loss_agg="sequence")),
+    ("sapo, beta=0.04", dict(loss_type="sapo", beta=0.04), dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO, beta=0.04)),
+    ("vespo", dict(loss_type="vespo"), dict(loss_agg="token", policy_loss="vespo", policy_params=VESPO)),
+    ("luspo, sequence IS", dict(loss_type="luspo", importance_sampling_level="sequence"),
+     dict(loss_agg="sequence_sum", importance_level="sequence")),
+    ("sapo, top_entropy_quantile=0.5", dict(loss_type="sapo", top_entropy_quantile=0.5),
+     dict(loss_agg="sequence", policy_loss="sapo", policy_params=SAPO, top_entropy_quantile=0.5)),
 ]
 
 
@@ -168,6 +232,26 @@ def _max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
     return (a - b).abs().max().item()
 
 
+def _half(d: dict, rows: slice) -> dict:
+    return {k: v[rows] for k, v in d.items()}
+
+
+def split_losses(cfg: dict, kw: dict, d: dict) -> tuple[float, float, float]:
+    """Gradient accumulation over two micro-batches of 3 completions: TRL with
+    current_gradient_accumulation_steps=2 (steps_per_generation=2 for the num_items_in_batch
+    losses), ours with the whole batch's units as `normalizer`; losses and gradients summed."""
+    cfg = dict(cfg, accumulation=2)
+    t_total, o_total, t_grads, o_grads = 0.0, 0.0, [], []
+    units = {"sequence": B, "sequence_sum": B, "token": d["mask"].sum()}[kw["loss_agg"]]
+    for rows in (slice(0, 3), slice(3, 6)):
+        h = _half(d, rows)
+        t_loss, t_glp, _ = trl_loss(cfg, h, num_items=d["mask"].sum())
+        o_loss, o_glp, _ = our_loss(dict(kw, normalizer=units), h)
+        t_total, o_total = t_total + t_loss, o_total + o_loss
+        t_grads.append(t_glp), o_grads.append(o_glp)
+    return t_total, o_total, _max_diff(torch.cat(t_grads), torch.cat(o_grads))
+
+
 def parity_rows() -> list[tuple[str, float, float, float]]:
     """(case, TRL loss, our loss, largest gradient difference) for every case, in float64."""
     dtype = torch.get_default_dtype()
@@ -176,10 +260,12 @@ def parity_rows() -> list[tuple[str, float, float, float]]:
         d = fixed_batch()
         rows = []
         for name, cfg, kw in CASES:
-            kw = {k: (d["mask"].sum() if v == "N" else v) for k, v in kw.items()}  # "N": num_items_in_batch
+            kw = {k: (d["mask"].sum() if isinstance(v, str) and v == "N" else v) for k, v in kw.items()}  # "N": num_items_in_batch
             t_loss, t_glp, t_gh = trl_loss(cfg, d)
             o_loss, o_glp, o_gh = our_loss(dict(kw), d)
             rows.append((name, t_loss, o_loss, max(_max_diff(t_glp, o_glp), _max_diff(t_gh, o_gh))))
+        for name, cfg, kw in SPLIT_CASES:
+            rows.append((f"{name}, 2 micro-batches accumulated", *split_losses(cfg, kw, d)))
         return rows
     finally:
         torch.set_default_dtype(dtype)

@@ -39,7 +39,7 @@ def test_bad_inputs_end_with_one_line_and_exit_2(tmp_path):
     bad_yaml.write_text("optim: [unclosed\n")
     cases = [
         (["--set", "optim.lrr=1"], ["optim.lrr", "allowed here", "lr"]),
-        (["--set", "algorithm.loss_agg=tokens"], ["algorithm.loss_agg", "'token', 'sequence', 'prompt' or 'constant'"]),
+        (["--set", "algorithm.loss_agg=tokens"], ["algorithm.loss_agg", "'token', 'sequence', 'prompt', 'constant' or 'sequence_sum'"]),
         (["--config", str(tmp_path / "missing.yaml")], ["missing.yaml", "does not exist"]),
         (["--config", str(bad_yaml)], ["bad.yaml", "not valid YAML"]),
         (["--set", "env.name=nosuchenv"], ["env.name", "arithmetic", "module:Class"]),

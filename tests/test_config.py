@@ -366,3 +366,40 @@ def test_fp16_compute_is_for_standard_only():
     assert load_config(overrides={"precision.mode": "standard", "precision.compute": "fp16"}).precision_policy.loss_scaling
     with pytest.raises(ScaleRLError, match="precision.compute=fp16 applies to precision.mode=standard"):
         load_config(overrides={"precision.mode": "compressed", "precision.compute": "fp16"})
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    ({"algorithm.policy_loss": "sapo", "algorithm.delta": 1.5}, "algorithm.delta with algorithm.policy_loss=sapo"),
+    ({"algorithm.policy_loss": "vespo", "algorithm.importance_level": "sequence"},
+     "algorithm.importance_level=sequence with algorithm.policy_loss=vespo"),
+    ({"algorithm.policy_loss": "gmpo", "algorithm.importance_level": "sequence"},
+     "algorithm.importance_level=sequence with algorithm.policy_loss=gmpo"),
+    ({"algorithm.policy_loss": "clip_cov", "algorithm.clip_cov_low": 5.0, "algorithm.clip_cov_high": 1.0}, "algorithm.clip_cov_low"),
+    ({"algorithm.name": "cispo", "algorithm.policy_loss": "sapo"}, "policy_loss"),  # CISPO is its own policy loss
+    ({"algorithm.top_entropy_quantile": 0.0}, "top_entropy_quantile"),
+    ({"algorithm.rollout_correction": "token_tis", "algorithm.tis_cap": 2.0}, "algorithm.rollout_correction=token_tis with algorithm.tis_cap"),
+    ({"algorithm.rollout_correction": "icepop", "algorithm.policy_loss": "vespo"}, "algorithm.rollout_correction with algorithm.policy_loss=vespo"),
+    ({"algorithm.rollout_correction": "geo_mis", "algorithm.rollout_rs_low": 3.0}, "algorithm.rollout_rs_low"),
+    ({"algorithm.name": "ppo", "algorithm.distill_teacher": "builtin"}, "algorithm.distill_teacher with algorithm.name=ppo"),
+])
+def test_incompatible_policy_loss_pairs_are_refused_in_one_line(overrides, needle):
+    message = _error(overrides=[f"{k}={v}" for k, v in overrides.items()])
+    assert needle in message and "\n" not in message
+
+
+def test_new_objective_options_are_accepted():
+    config = load_config(overrides=["algorithm.name=cispo", "algorithm.importance_level=sequence", "algorithm.loss_agg=sequence_sum",
+                                    "algorithm.top_entropy_quantile=0.2", "algorithm.kl.estimator=k3+"])
+    assert config.algorithm.importance_level == "sequence" and config.algorithm.loss_agg == "sequence_sum"
+    # a rollout-correction preset counts as the off-policy correction that async rollouts need
+    check_config(load_config(overrides=["rollout.mode=async", "rollout.max_staleness=1", "algorithm.rollout_correction=geo_mis_token_tis"]))
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (["reward.normalize_components=true"], "reward.normalize_components needs reward.components"),
+    (["reward.normalize_components=true", "rollout.group_size=1", "algorithm.name=reinforce_pp", "reward.components=[{name: env, env: true}]"],
+     "reward.normalize_components with rollout.group_size=1"),
+])
+def test_normalize_components_is_refused_where_it_means_nothing(overrides, needle):
+    message = _error(overrides=overrides)
+    assert needle in message and "\n" not in message

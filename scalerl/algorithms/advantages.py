@@ -11,6 +11,8 @@ from typing import Literal
 
 import torch
 
+from scalerl.algorithms.losses import masked_fill_zero
+
 ScaleRewards = Literal["group", "batch", "none"]
 
 
@@ -140,8 +142,8 @@ def gae(
     """
     mask = loss_mask.to(values.dtype)
     with torch.no_grad():
-        r = rewards.detach() * mask  # (B, T)
-        v = values.detach() * mask  # (B, T), so V = 0 past each row's end
+        r = masked_fill_zero(rewards.detach(), loss_mask)  # (B, T); NaN/inf under the mask ignored
+        v = masked_fill_zero(values.detach(), loss_mask)  # (B, T), so V = 0 past each row's end
         adv = torch.zeros_like(v)  # (B, T)
         next_value = v.new_zeros(v.shape[0])  # (B,)
         next_adv = v.new_zeros(v.shape[0])  # (B,)
@@ -153,15 +155,15 @@ def gae(
             trained = mask[:, t] > 0  # (B,)
             next_adv = torch.where(trained, adv[:, t], next_adv)
             next_value = torch.where(trained, v[:, t], next_value)
-        return adv, (adv + v) * mask
+        return adv, masked_fill_zero(adv + v, loss_mask)
 
 
 def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(3,) float64: [n, Σ x, Σ x²] over the masked entries; summed over ranks, they give `whiten`
     the global batch's mean and variance."""
     m = mask.to(torch.float64)
-    x = values.detach().to(torch.float64)
-    return torch.stack([m.sum(), (x * m).sum(), (x.square() * m).sum()])
+    x = masked_fill_zero(values.detach().to(torch.float64), mask)
+    return torch.stack([m.sum(), x.sum(), x.square().sum()])
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True, eps: float = 1e-8,
@@ -181,8 +183,8 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     m = mask.to(values.dtype)
     if moments is None:
         n = m.sum()
-        mean = (values * m).sum() / n.clamp(min=1.0)
-        var = ((values - mean).square() * m).sum() / (n - 1).clamp(min=1.0)
+        mean = masked_fill_zero(values, mask).sum() / n.clamp(min=1.0)
+        var = masked_fill_zero((values - mean).square(), mask).sum() / (n - 1).clamp(min=1.0)
     else:
         n, total, squares = moments.tolist()
         mean = total / max(n, 1.0)
@@ -191,4 +193,32 @@ def whiten(values: torch.Tensor, mask: torch.Tensor, *, shift_mean: bool = True,
     out = (values - mean) * torch.rsqrt(var + eps)  # (B, T)
     if not shift_mean:
         out = out + mean
-    return out * m
+    return masked_fill_zero(out, mask)
+
+
+def distillation_advantages(
+    teacher_logprobs: torch.Tensor,
+    student_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    coef: float = 1.0,
+    task_advantages: torch.Tensor | None = None,
+    task_coef: float = 0.0,
+) -> torch.Tensor:
+    """On-policy distillation's dense advantage (Agarwal et al., 2024, "On-Policy Distillation of
+    Language Models: Learning from Self-Generated Mistakes"; Thinking Machines' tinker-cookbook, 2025;
+    TRL's GKD at λ = 1, β = 1): on the student's own samples, each token is rewarded by the teacher's
+    log-probability over the student's, the negative per-token reverse KL, optionally mixed with the
+    task's outcome advantage:
+
+        Â_it = coef · (log π_teacher(y_it) − log π_student(y_it)) + task_coef · Â_i
+
+    No discounting across tokens (each token's own reverse-KL term, as tinker-cookbook's default).
+    `student_logprobs` are the sampling policy's (π_old), detached. Returns (B, T), 0 off the mask.
+    """
+    with torch.no_grad():
+        adv = coef * masked_fill_zero(teacher_logprobs - student_logprobs, loss_mask)  # (B, T)
+        if task_advantages is not None and task_coef:
+            task = task_advantages.unsqueeze(1) if task_advantages.dim() == 1 else task_advantages
+            adv = adv + task_coef * masked_fill_zero(task.expand_as(adv), loss_mask)
+        return adv

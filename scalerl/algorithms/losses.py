@@ -18,13 +18,20 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token", "sequence", "prompt", "constant"]
+LossAgg = Literal["token", "sequence", "prompt", "constant", "sequence_sum"]
 ImportanceLevel = Literal["token", "sequence"]
 
 
 def _per_token(advantages: torch.Tensor) -> torch.Tensor:
     """(B,) per-completion advantages become (B, 1) to broadcast over tokens; (B, T) pass through."""
     return advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+
+
+def masked_fill_zero(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """`values` with every position where `loss_mask` is 0 set to 0 by selection (`torch.where`),
+    not by multiplication: NaN · 0 and inf · 0 are NaN, so a NaN or inf under the mask would leak
+    into a masked sum (verl's and SkyRL's masked reductions select the same way). Shapes broadcast."""
+    return torch.where(loss_mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def aggregate(
@@ -42,6 +49,11 @@ def aggregate(
         sequence: Σ_i (Σ_t m_it v_it / Σ_t m_it) / D                      D = B by default
         prompt:   Σ_g (Σ_{i∈g} Σ_t m_it v_it / Σ_{i∈g} Σ_t m_it) / D      D = number of groups by default
         constant: Σ_i Σ_t m_it v_it / D                                   D = B · max_new_tokens by default
+        sequence_sum: Σ_i Σ_t m_it v_it / D                               D = B by default
+
+    "sequence_sum" is LUSPO's length-unbiased reduction (TRL 1.16's loss_type="luspo"): each
+    completion's tokens are summed, not averaged, then completions are averaged, so a long
+    completion's tokens are not down-weighted by its length (GRPO's sequence mean does that).
 
     "constant" is Dr. GRPO's length-independent normaliser (Liu et al., 2025, "Understanding R1-Zero-
     like training"; TRL's loss_type="dr_grpo"): no completion's tokens are up- or down-weighted by its
@@ -55,15 +67,17 @@ def aggregate(
     token (sequence, group) count of the whole mini-batch so that accumulated gradients equal
     those of the unsplit batch. At prompt level this holds only if no group is split across
     micro-batches. A completion (or group) with no trained tokens contributes 0 but still counts
-    in the default D, as a padded row does at sequence level.
+    in the default D, as a padded row does at sequence level. Values under a zero mask (NaN, inf)
+    are ignored (`masked_fill_zero`).
     """
     mask = loss_mask.to(values.dtype)
+    kept = masked_fill_zero(values, loss_mask)  # (B, T)
     match level:
         case "token":
-            total = (values * mask).sum()
+            total = kept.sum()
             denom = mask.sum() if normalizer is None else normalizer
         case "sequence":
-            per_seq = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
+            per_seq = kept.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)  # (B,)
             total = per_seq.sum()
             denom = values.shape[0] if normalizer is None else normalizer
         case "prompt":
@@ -71,17 +85,20 @@ def aggregate(
                 raise ValueError("prompt-level aggregation needs group_ids")
             _, group = torch.unique_consecutive(group_ids, return_inverse=True)  # (B,) in 0..G-1
             n_groups = int(group.max()) + 1 if group.numel() else 0
-            sums = values.new_zeros(n_groups).index_add(0, group, (values * mask).sum(dim=1))  # (G,)
+            sums = values.new_zeros(n_groups).index_add(0, group, kept.sum(dim=1))  # (G,)
             counts = values.new_zeros(n_groups).index_add(0, group, mask.sum(dim=1))  # (G,)
             total = (sums / counts.clamp(min=1.0)).sum()
             denom = n_groups if normalizer is None else normalizer
         case "constant":
             if normalizer is None and max_new_tokens is None:
                 raise ValueError("constant aggregation needs max_new_tokens or a normalizer")
-            total = (values * mask).sum()
+            total = kept.sum()
             denom = values.shape[0] * max_new_tokens if normalizer is None else normalizer
+        case "sequence_sum":
+            total = kept.sum()
+            denom = values.shape[0] if normalizer is None else normalizer
         case _:
-            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
+            raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt, constant or sequence_sum")
     return total / max(float(denom), 1.0) if not torch.is_tensor(denom) else total / denom.clamp(min=1.0)
 
 
@@ -94,7 +111,7 @@ def aggregation_units(
     """How many units of `level` a batch holds, as a 0-dim tensor: summed over micro-batches and
     ranks it is the global `normalizer` to pass to `aggregate`.
 
-        token:    trained tokens              sequence: completions with a trained token
+        token:    trained tokens              sequence, sequence_sum: completions with a trained token
         prompt:   distinct group ids among completions with a trained token
         constant: rows · max_new_tokens       (Dr. GRPO's B · L, empty rows included)
     """
@@ -102,7 +119,7 @@ def aggregation_units(
     match level:
         case "token":
             return loss_mask.sum()
-        case "sequence":
+        case "sequence" | "sequence_sum":
             return has_tokens.sum()
         case "prompt":
             if group_ids is None:
@@ -112,7 +129,7 @@ def aggregation_units(
             if max_new_tokens is None:
                 raise ValueError("constant aggregation needs max_new_tokens")
             return torch.tensor(loss_mask.shape[0] * max_new_tokens, device=loss_mask.device)
-    raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt or constant")
+    raise ValueError(f"unknown loss aggregation {level!r}; use token, sequence, prompt, constant or sequence_sum")
 
 
 def mask_truncated(loss_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
@@ -146,7 +163,7 @@ def importance_log_ratio(
             if loss_mask is None:
                 raise ValueError("sequence-level importance ratios need loss_mask")
             m = loss_mask.to(log_ratio.dtype)
-            return (log_ratio * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+            return masked_fill_zero(log_ratio, loss_mask).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
     raise ValueError(f"unknown importance level {level!r}; use token or sequence")
 
 
@@ -202,13 +219,17 @@ def cispo_objective(
     advantages: torch.Tensor,
     *,
     eps_max: float = 5.0,
+    eps_min: float | None = None,
     loss_mask: torch.Tensor | None = None,
     importance_level: ImportanceLevel = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO, per token (MiniMax-M1, 2025; the ScaleRL paper's choice, Khatri et al., 2025).
 
         ρ_t = exp(log π_θ(y_t) − log π_old(y_t))
-        ℓ_t = −sg(min(ρ_t, ε_max)) · Â · log π_θ(y_t)
+        ℓ_t = −sg(clip(ρ_t, ε_min, ε_max)) · Â · log π_θ(y_t)        (no lower bound when ε_min is None)
+
+    `eps_min` is SkyRL's two-sided form (its cispo_eps_clip_low, as the absolute bound 1 − ε_low): a
+    token the policy has turned far away from keeps at least weight ε_min.
 
     The importance weight is truncated from above only and is under stop-gradient, so every token
     keeps a gradient −sg(min(ρ_t, ε_max)) Â ∇log π_θ(y_t) (PPO's clip zeroes it instead). The
@@ -220,13 +241,14 @@ def cispo_objective(
         logprobs, old_logprobs: (B, T).
         advantages: (B,) one per completion, or (B, T) per token.
     Returns:
-        per_token ℓ (B, T), and `clipped` (B, T) bool: ρ_t > ε_max (the weight was truncated).
+        per_token ℓ (B, T), and `clipped` (B, T) bool: ρ_t outside [ε_min, ε_max] (the weight was truncated).
     """
     with torch.no_grad():
         ratio = torch.exp(importance_log_ratio(logprobs, old_logprobs, loss_mask, importance_level))  # (B, T) or (B, 1)
-        weight = ratio.clamp(max=eps_max)  # no lower bound
+        weight = ratio.clamp(min=eps_min, max=eps_max)  # no lower bound unless eps_min
     per_token = -weight * _per_token(advantages) * logprobs  # (B, T)
-    return per_token, (ratio > eps_max).expand(logprobs.shape)
+    clipped = (ratio > eps_max) if eps_min is None else (ratio > eps_max) | (ratio < eps_min)
+    return per_token, clipped.expand(logprobs.shape)
 
 
 def truncated_is_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, *, cap: float) -> torch.Tensor:
@@ -266,7 +288,7 @@ def off_policy_sequence_mask(
     with torch.no_grad():
         m = loss_mask.to(logprobs.dtype)
         drift = torch.nan_to_num(sampler_logprobs - logprobs, nan=0.0)  # (B, T)
-        kl = (drift * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
+        kl = masked_fill_zero(drift, loss_mask).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1.0)  # (B, 1)
         return ((_per_token(advantages) >= 0) | (kl <= threshold)).to(logprobs.dtype)  # (B, 1) or (B, T)
 
 
@@ -318,14 +340,15 @@ def policy_stats(
         ratio_max = ratio.masked_fill(~mask, 0.0).max() if ratio.numel() else ratio.new_tensor(1.0)
         return {
             "clip_frac": (clipped.bool() & mask).sum() / n,
-            "approx_kl": ((torch.expm1(delta) - delta) * mask).sum() / n,
-            "ratio_mean": (ratio * mask).sum() / n,
+            "approx_kl": masked_fill_zero(torch.expm1(delta) - delta, mask).sum() / n,
+            "ratio_mean": masked_fill_zero(ratio, mask).sum() / n,
             "ratio_max": torch.where(mask.any(), ratio_max, ratio.new_tensor(1.0)),
         }
 
 
 def masked_mean(values: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Σ m·v / Σ m over trained tokens, detached, 0-dim (0 when nothing is trained). For diagnostics."""
+    """Σ m·v / Σ m over trained tokens, detached, 0-dim (0 when nothing is trained; NaN/inf under
+    the mask ignored). For diagnostics."""
     with torch.no_grad():
         m = loss_mask.to(values.dtype)
-        return (values * m).sum() / m.sum().clamp(min=1.0)
+        return masked_fill_zero(values, loss_mask).sum() / m.sum().clamp(min=1.0)

@@ -120,9 +120,9 @@ class Config(_Section):
             raise ValueError("algorithm.kl.in_reward applies to ppo only (other objectives add the KL to the loss)")
         if self.model.lora.enabled and self.parallel.strategy == "fsdp2":
             raise ValueError("model.lora with parallel.strategy=fsdp2 is not supported yet; use parallel.strategy=ddp (the adapters are small)")
-        if self.replay.kind != "none" and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
+        if self.replay.kind != "none" and not _corrects_off_policy(self.algorithm):
             raise ValueError("replay needs an off-policy correction for the replayed rows: set algorithm.tis_cap (e.g. 2.0, truncated "
-                             "importance sampling against their sampler log-probs) or algorithm.off_policy_mask")
+                             "importance sampling against their sampler log-probs), algorithm.off_policy_mask or algorithm.rollout_correction")
         if self.replay.kind != "none" and self.rollout.max_turns > 1:
             raise ValueError("replay with rollout.max_turns > 1 is not supported yet (replay stores single-turn groups); set replay.kind=none")
         if self.rollout.mode == "async":
@@ -139,6 +139,10 @@ class Config(_Section):
         if self.model.lora.enabled and self.precision.mode == "aggressive":
             raise ValueError("model.lora with precision.mode=aggressive is not supported (peft wraps plain linear layers, not fp8 ones); "
                              "use precision.mode standard or compressed")
+        if self.algorithm.distill_teacher is not None and self.algorithm.name == "ppo":
+            raise ValueError("algorithm.distill_teacher with algorithm.name=ppo: distillation's per-token advantage replaces GAE's; use grpo, cispo, rloo or reinforce_pp")
+        if self.reward.normalize_components and self.rollout.group_size == 1:
+            raise ValueError("reward.normalize_components with rollout.group_size=1: a group of one has no spread to normalise by; use group_size >= 2")
         if self.rollout.group_size == 1 and _group_relative(self.algorithm):
             raise ValueError(f"rollout.group_size=1 with algorithm.name={self.algorithm.name}: each completion's baseline is its own "
                              "group's mean, so every advantage is 0 and nothing is learned; use group_size >= 2, or ppo (a critic) "
@@ -146,9 +150,9 @@ class Config(_Section):
         return self
 
     def _check_async(self) -> None:
-        if self.rollout.max_staleness > 0 and self.algorithm.tis_cap is None and self.algorithm.off_policy_mask is None:
+        if self.rollout.max_staleness > 0 and not _corrects_off_policy(self.algorithm):
             raise ValueError("rollout.mode=async samples with weights up to rollout.max_staleness versions old: set algorithm.tis_cap (e.g. "
-                             "2.0, truncated importance sampling against the sampler's log-probs) or algorithm.off_policy_mask, or "
+                             "2.0, truncated importance sampling against the sampler's log-probs), algorithm.off_policy_mask or algorithm.rollout_correction, or "
                              "rollout.max_staleness=0")
         if self.replay.kind != "none":
             raise ValueError("rollout.mode=async with replay is not supported yet (the buffer would live in the producer process); "
@@ -168,3 +172,8 @@ class Config(_Section):
     def batch_size(self) -> int:
         """Completions sampled per step and process."""
         return self._plan.batch_size
+
+
+def _corrects_off_policy(algo) -> bool:
+    """Whether the objective corrects for tokens another policy sampled: tis_cap, off_policy_mask or a rollout_correction preset."""
+    return algo.tis_cap is not None or algo.off_policy_mask is not None or algo.rollout_correction is not None

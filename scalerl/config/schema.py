@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scalerl.config.objective_options import DistillOptions, EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
+
 
 class _Section(BaseModel):
     # Frozen: the config is read, never written, once built; what changes during a run (a health
@@ -100,7 +102,7 @@ class RolloutConfig(_Section):
 
 class KLConfig(_Section):
     beta: float = Field(0.0, ge=0, description="KL penalty weight (the initial one under a schedule); 0 with schedule fixed skips the reference model.")
-    estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator against the reference policy.")
+    estimator: Literal["k1", "k2", "k3", "abs", "k3+"] = Field("k3", description="Per-token KL estimator against the reference policy: k1, k2, k3 (Schulman 2020), abs = |log ratio|, k3+ = k3's value with k2's gradient (verl's straight-through).")
     track: bool = Field(False, description="Load the reference model to measure KL even when beta is 0 (costs one forward per step).")
     schedule: Literal["fixed", "adaptive", "progressive"] = Field(
         "fixed", description="fixed: beta throughout; adaptive: target-KL controller (Ziegler et al. 2019); progressive: the three phases of source 000 §2.2.")
@@ -119,12 +121,13 @@ class KLConfig(_Section):
         return self.beta > 0 or self.track or self.max_kl is not None or self.schedule != "fixed"
 
 
-class _Objective(_Section):
+class _Objective(EntropyOptions, RolloutCorrectionOptions, DistillOptions, _Section):
     """What every objective shares: aggregation, KL, entropy bonus, off-policy cap, data-side filters."""
 
-    loss_agg: Literal["token", "sequence", "prompt", "constant"] = Field(
+    loss_agg: Literal["token", "sequence", "prompt", "constant", "sequence_sum"] = Field(
         "token", description="token: mean over all tokens of the batch; sequence: per completion, then over completions; prompt: per prompt's group, "
-                             "then over prompts; constant: sum over tokens / (completions x rollout.max_new_tokens), Dr. GRPO's constant normaliser.")
+                             "then over prompts; constant: sum over tokens / (completions x rollout.max_new_tokens), Dr. GRPO's constant normaliser; "
+                             "sequence_sum: summed per completion, then averaged over completions (LUSPO, TRL's loss_type=luspo).")
     kl: KLConfig = Field(default_factory=KLConfig)
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus: subtract coef x the mini-batch's token-mean entropy (whatever loss_agg is, as TRL).")
     tis_cap: float | None = Field(None, gt=0, description="Truncated importance sampling: weight tokens by min(pi_old / pi_sampler, cap).")
@@ -135,12 +138,12 @@ class _Objective(_Section):
     retire_pass_rate: float | None = Field(None, gt=0, le=1, description="No-positive-resampling: a prompt whose group pass rate reaches this leaves the pool.")
 
 
-class _Clipped(_Objective):
+class _Clipped(_Objective, PolicyLossOptions):
     clip_eps_low: float = Field(0.2, ge=0, description="Lower clip of the importance ratio: 1 - eps_low.")
     clip_eps_high: float = Field(0.2, ge=0, description="Upper clip of the importance ratio: 1 + eps_high (DAPO clip-higher when larger).")
     importance_level: Literal["token", "sequence"] = Field(
         "token", description="token: one ratio per token; sequence: the completion's geometric-mean ratio for all its tokens (GSPO; use small clips, e.g. 3e-4/4e-4).")
-    delta: float | None = Field(None, gt=1, description="Two-sided clip (INTELLECT-2): the unclipped ratio is also capped at delta, bounding negative-advantage updates; null disables.")
+    delta: float | None = Field(None, gt=1, description="Two-sided clip (INTELLECT-2; dual-clip PPO's c, verl's clip_ratio_c): the unclipped ratio is also capped at delta, bounding negative-advantage updates; null disables.")
 
 
 class GRPOConfig(_Clipped):
@@ -152,7 +155,10 @@ class GRPOConfig(_Clipped):
 
 class CISPOConfig(_Objective):
     name: Literal["cispo"] = Field("cispo", description="CISPO: clipped, stop-gradient importance weights on REINFORCE (the ScaleRL recipe).")
-    eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight (capped from above only).")
+    eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight.")
+    eps_min: float | None = Field(None, ge=0, lt=1, description="Lower cap of the weight (SkyRL's two-sided CISPO, 1 - its eps_clip_low); null: none.")
+    importance_level: Literal["token", "sequence"] = Field(
+        "token", description="token: one weight per token; sequence: every token weighted by its completion's geometric-mean ratio (GSPO's, TRL's cispo with importance_sampling_level=sequence).")
     scale_rewards: Literal["group", "batch", "none"] = Field("batch", description="Advantage normalisation; the ScaleRL recipe uses batch.")
     adv_eps: float = Field(1e-4, gt=0, description="Added to the std before dividing.")
 
@@ -249,6 +255,8 @@ class RewardConfig(_Section):
         default_factory=list, description="Several rewards fused into one (top-level YAML key reward_components is the same); empty: the environment's reward or `model`.")
     fusion: Literal["weighted_sum", "dynamic_weight"] = Field(
         "weighted_sum", description="weighted_sum: r = Σ w_k s_k; dynamic_weight: weights follow each component's remaining signal (top-level key fusion_method is the same).")
+    normalize_components: bool = Field(False, description="Standardise each component within each prompt's group before the weighted sum (GDPO; "
+                                                          "normalize-then-sum), so no component's scale drowns the others; needs components and group_size >= 2.")
     dynamic: DynamicWeightConfig = Field(default_factory=DynamicWeightConfig)
     diversity: DiversityConfig = Field(default_factory=DiversityConfig)
     cap: RewardCapConfig = Field(default_factory=RewardCapConfig)
@@ -262,6 +270,8 @@ class RewardConfig(_Section):
             raise ValueError(f"reward.components: names must be unique (got {names})")
         if self.components and self.model is not None:
             raise ValueError("reward.model and reward.components are both set: add the model as a component ({name: rm, model: ...}) instead")
+        if self.normalize_components and not self.components:
+            raise ValueError("reward.normalize_components needs reward.components (it normalises each component before their sum)")
         if self.components and sum(c.weight for c in self.components) <= 0:
             raise ValueError("reward.components: the weights sum to 0; give at least one component a positive weight")
         return self

@@ -12,6 +12,7 @@ from scalerl.algorithms.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
+from scalerl.algorithms.rollout_correction import RolloutCorrection
 from scalerl.config import AlgorithmConfig
 
 
@@ -33,15 +34,24 @@ def objective_settings(algo: AlgorithmConfig, *, max_new_tokens: int) -> dict[st
     settings: dict[str, Any] = dict(
         loss_agg=algo.loss_agg, max_new_tokens=max_new_tokens, tis_cap=algo.tis_cap, off_policy_mask=algo.off_policy_mask,
         kl_estimator=algo.kl.estimator, kl_with_ratio=algo.kl.with_ratio, entropy_coef=algo.entropy_coef,
+        top_entropy_quantile=algo.top_entropy_quantile, rollout_correction=_rollout_correction(algo),
     )
     if algo.name == "cispo":
-        settings.update(policy_loss="cispo", eps_max=algo.eps_max)
+        settings.update(policy_loss="cispo", eps_max=algo.eps_max, importance_level=algo.importance_level,
+                        policy_params={} if algo.eps_min is None else {"eps_min": algo.eps_min})
     else:
-        settings.update(policy_loss="clip", clip_eps_low=algo.clip_eps_low, clip_eps_high=algo.clip_eps_high,
-                        importance_level=algo.importance_level, delta=algo.delta)
+        settings.update(policy_loss=algo.policy_loss, policy_params=algo.policy_params, clip_eps_low=algo.clip_eps_low,
+                        clip_eps_high=algo.clip_eps_high, importance_level=algo.importance_level, delta=algo.delta)
     if algo.name == "ppo":
         settings.update(vf_coef=algo.vf_coef, value_clip=algo.value_clip)
     return settings
+
+
+def _rollout_correction(algo: AlgorithmConfig) -> RolloutCorrection | None:
+    """The objective's rollout-correction preset with its cap and band, or None."""
+    if algo.rollout_correction is None:
+        return None
+    return RolloutCorrection(algo.rollout_correction, cap=algo.rollout_is_cap, low=algo.rollout_rs_low, high=algo.rollout_rs_high)
 
 
 def outcome_token_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,9 @@ import torch
 from scalerl.algorithms.advantages import gae, masked_moments, whiten
 from scalerl.algorithms.kl import kl_estimate
 from scalerl.algorithms.kl_control import KLController
-from scalerl.algorithms.losses import aggregation_units, mask_truncated
+from scalerl.algorithms.entropy_control import applied_entropy_coef, next_entropy_coef
+from scalerl.algorithms.advantages import distillation_advantages
+from scalerl.algorithms.losses import aggregation_units, mask_truncated, masked_fill_zero
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, HealthConfig, OptimConfig
 from scalerl.distributed.context import DistContext
@@ -54,6 +56,8 @@ class LearnerState:
     max_grad_norm: float | None = None  # optim.max_grad_norm, or 1.0 once a non-finite step turned clipping on
     loss_scale: float = 1.0  # fp16's dynamic loss scale (scalerl/config/plan.py: next_loss_scale); 1 otherwise
     loss_scale_good: int = 0  # overflow-free updates in a row at this scale
+    entropy_coef: float | None = None  # algorithm.entropy_target: the adaptive coefficient (None: algorithm.entropy_coef)
+    last_entropy: float | None = None  # algorithm.entropy_target: mean entropy of the last update's trained tokens
 
 
 @dataclass
@@ -145,11 +149,13 @@ class Learner:
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
                  parallel: Strategy, forgetting: Forgetting | None = None, health: HealthConfig | None = None,
-                 offload: bool = False):
+                 offload: bool = False, teacher_forward: torch.nn.Module | None = None):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
         `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
-        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py)."""
+        `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py);
+        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
+        self.teacher_forward = teacher_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
         self.optimizer, self.kl_ctl, self.plan, self.precision = optimizer, kl_ctl, plan, precision
         self.algo, self.optim, self.objective, self.temperature, self.ctx = algo, optim, objective, temperature, ctx
@@ -191,6 +197,8 @@ class Learner:
             kl = self.ctx.sum(torch.tensor([metrics["kl"], metrics["kl_seq"]], dtype=torch.float64)) / self.ctx.world_size
             self.kl_ctl.update(kl[0 if self.algo.kl.level == "token" else 1].item(), n_steps=len(batch) * self.ctx.world_size)
         metrics.update(lr=lr, beta=beta, on_policy=float(on_policy), staleness=float(self.state.version - batch.policy_version))
+        if self.teacher_forward is not None:
+            metrics["distill/reverse_kl"] = self.distill_kl  # mean over trained tokens of log π_student − log π_teacher
         self.state.version += 1
         return metrics
 
@@ -230,7 +238,9 @@ class Learner:
         w = batch.row_weights.to(mask.device) if batch.row_weights is not None else None  # PER's importance weights (replay)
         if algo.name != "ppo":
             advantages = self.global_outcome_advantages(batch.rewards)
-            return Targets(mask, advantages if w is None else advantages * w, old_lp, ref_lp)
+            if self.teacher_forward is not None:
+                advantages = self.distill_advantages(rollout, mask, old_lp, advantages)  # (B, T)
+            return Targets(mask, advantages if w is None else advantages * (w if advantages.dim() == 1 else w[:, None]), old_lp, ref_lp)
         old_values = self.frozen_forward(None, rollout, values=True)
         token_rewards = outcome_token_rewards(batch.rewards, mask)  # (B, T)
         if algo.kl.in_reward and ref_lp is not None and beta > 0:  # classic RLHF: r_t − β·(log π_old − log π_ref)
@@ -239,6 +249,17 @@ class Learner:
         if algo.whiten_advantages:  # over the tokens of every rank
             advantages = whiten(advantages, mask, moments=self.ctx.sum(masked_moments(advantages, mask)))
         return Targets(mask, advantages if w is None else advantages * w[:, None], old_lp, ref_lp, old_values, returns)
+
+    def distill_advantages(self, rollout: Rollout, mask: torch.Tensor, old_lp: torch.Tensor | None,
+                           task: torch.Tensor) -> torch.Tensor:
+        """On-policy distillation's per-token advantage (B, T) against the teacher; the mean reverse KL
+        over this rank's trained tokens goes to `self.distill_kl` for the step's metrics."""
+        student = old_lp if old_lp is not None else self.frozen_forward(self.policy_forward, rollout)
+        teacher = self.frozen_forward(self.teacher_forward, rollout)
+        totals = self.ctx.sum(torch.stack([masked_fill_zero(student - teacher, mask).sum(), mask.sum()]).double())
+        self.distill_kl = (totals[0] / totals[1].clamp(min=1)).item()
+        return distillation_advantages(teacher, student, mask, coef=self.algo.distill_coef, task_advantages=task,
+                                       task_coef=self.algo.distill_task_coef)
 
     def kl_guard(self, t: Targets) -> tuple[float, dict[str, float]]:
         """With kl.max_kl: KL(π_θ ‖ π_ref) of the whole batch (all ranks) before the update, at kl.level;
@@ -266,7 +287,10 @@ class Learner:
                 # The normalisers are the counts of units (tokens, completions, prompts) and of tokens of the
                 # mini-batch over all ranks, computed once: each micro-batch divides its sum by them, and
                 # gradients are summed across micro-batches and ranks, giving exactly the mini-batch's gradient.
-                counts = torch.stack([aggregation_units(t.loss_mask[rows], level, rollout.group_ids[rows],
+                # A completion masked for truncation still counts as a unit (TRL's grpo divides by every
+                # completion); one the rollout side filtered out (zero-variance group) does not.
+                unit_mask = rollout.completion_mask[rows] if level in ("sequence", "sequence_sum", "prompt") else t.loss_mask[rows]
+                counts = torch.stack([aggregation_units(unit_mask, level, rollout.group_ids[rows],
                                                         self.objective["max_new_tokens"]), t.loss_mask[rows].sum()])
                 normalizer, tokens = self.ctx.sum(counts.double()).tolist()
                 stats: dict[str, float] = {"loss": 0.0}
@@ -282,9 +306,30 @@ class Learner:
                     for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
                         stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
                 stats["grad_norm"] = self.apply_update(guard_scale, stats)
+                stats |= self.steer_entropy(stats)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + v
         return {k: v / plan.updates_per_step for k, v in sums.items()}
+
+    def entropy_coef(self) -> float:
+        """The entropy bonus's coefficient for this update: algorithm.entropy_coef, or with
+        algorithm.entropy_target the adaptive one (`scalerl/algorithms/entropy_control.py`)."""
+        if self.algo.entropy_target is None:
+            return self.algo.entropy_coef
+        coef = self.algo.entropy_coef if self.state.entropy_coef is None else self.state.entropy_coef
+        return applied_entropy_coef(coef, self.state.last_entropy, self.algo.entropy_target)
+
+    def steer_entropy(self, stats: dict[str, float]) -> dict[str, float]:
+        """After an update with algorithm.entropy_target: move the coefficient by the update's mean entropy
+        over all ranks (its micro-batches' token means, averaged); returns the metric entropy_coef."""
+        if self.algo.entropy_target is None or "entropy" not in stats:
+            return {}
+        entropy = self.ctx.sum(torch.tensor([stats["entropy"], 1.0], dtype=torch.float64)).tolist()
+        self.state.last_entropy = entropy[0] / entropy[1]
+        coef = self.algo.entropy_coef if self.state.entropy_coef is None else self.state.entropy_coef
+        self.state.entropy_coef = next_entropy_coef(coef, self.state.last_entropy, target=self.algo.entropy_target,
+                                                    step=self.algo.entropy_coef_step, high=self.algo.entropy_coef_max)
+        return {"entropy_coef": self.state.entropy_coef}
 
     def micro_step(self, rollout: Rollout, t: Targets, rows: slice, beta: float, normalizer: float, tokens: float) -> dict[str, float]:
         """Forward and backward of one micro-batch; returns its detached diagnostics."""
@@ -301,7 +346,8 @@ class Learner:
             sampler_logprobs=mb.sampler_logprobs, ref_logprobs=pick(t.ref_logprobs), entropy=fwd.entropy.float(),
             values=values, old_values=pick(t.old_values), returns=pick(t.returns))
         in_loss = 0.0 if self.algo.kl.in_reward else beta  # PPO's KL-in-reward is already in the advantages
-        loss, diagnostics = rl_objective(inputs, **self.objective, beta=in_loss, normalizer=normalizer, token_normalizer=tokens)
+        loss, diagnostics = rl_objective(inputs, **{**self.objective, "entropy_coef": self.entropy_coef()}, beta=in_loss,
+                                         normalizer=normalizer, token_normalizer=tokens)
         (loss * self.state.loss_scale if self.precision.loss_scaling else loss).backward()
         return {"loss": loss.item(), **{k: v.item() for k, v in diagnostics.items()}}
 

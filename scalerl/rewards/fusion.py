@@ -8,6 +8,10 @@ environment and functions return what they return. Give components comparable sc
 weighted_sum:   r_i = Σ_k w_k · s_{k,i}       with the configured weights w_k.
 
 dynamic_weight: the same sum with weights that follow sample difficulty (`dynamic_weights`).
+
+With `reward.normalize_components` each component is first normalised within each prompt's group
+(`normalize_within_groups`: GDPO, Liu et al., 2026, arXiv:2601.05242; verl's and NeMo-RL's
+normalize-then-sum), so one component's scale cannot drown the others: r_i = Σ_k w_k ŝ_{k,i}.
 """
 
 from __future__ import annotations
@@ -20,6 +24,21 @@ import torch
 def weighted_sum(scores: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """r_i = Σ_k w_k s_{k,i}. scores (K, B), weights (K,) → (B,)."""
     return weights.to(scores.dtype) @ scores
+
+
+def normalize_within_groups(scores: torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """Each component standardised within each prompt's group (GDPO's decoupled normalisation):
+
+        ŝ_{k,i} = (s_{k,i} − mean_{j∈g(i)} s_{k,j}) / (std_{j∈g(i)} s_{k,j} + eps)       (std with Bessel's correction, as TRL)
+
+    scores (K, B) with B = P·G completions laid out group by group → (K, B). A component that is
+    constant within a group gives 0 there. The fused Σ_k w_k ŝ_k then has group mean 0; the
+    advantage estimator's normalisation follows (with scale_rewards=batch, GDPO's batch step).
+    """
+    k, b = scores.shape
+    grouped = scores.view(k, b // group_size, group_size)
+    mean, std = grouped.mean(-1, keepdim=True), grouped.std(-1, keepdim=True)
+    return ((grouped - mean) / (std + eps)).view(k, b)
 
 
 def group_spread(scores: torch.Tensor, group_size: int) -> torch.Tensor:

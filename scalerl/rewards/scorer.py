@@ -2,6 +2,7 @@
 
     inputs → component k scores s_k (B,) → non-finite / failed entries := fallback_k (counted)
            → weights (configured, or `fusion.dynamic_weights`) → r = Σ_k w_k s_k (B,)
+             (with normalize_components: s_k standardised within each group first, GDPO)
 
 Failure containment: a component that raises, overruns its timeout, dies, returns a wrong-length
 list or a non-list gives every completion of the batch its `fallback`; a None, NaN, ±inf or
@@ -31,6 +32,7 @@ from scalerl.rewards.fusion import (
     DynamicState,
     dynamic_weights,
     group_spread,
+    normalize_within_groups,
     weighted_sum,
 )
 from scalerl.rewards.safe_call import RewardCallError
@@ -47,7 +49,7 @@ class RewardScorer:
 
     def __init__(self, components: list[Component], *, weights: list[float], fallbacks: list[float], fusion: str,
                  group_size: int, ceilings: list[float | None] | None = None, floors: list[float | None] | None = None,
-                 eps: float = 0.05, mean_ema: float = 0.1, weight_ema: float = 0.0):
+                 eps: float = 0.05, mean_ema: float = 0.1, weight_ema: float = 0.0, normalize_components: bool = False):
         if fusion not in ("weighted_sum", "dynamic_weight"):
             raise ValueError(f"unknown fusion {fusion!r}; use weighted_sum or dynamic_weight")
         k = len(components)
@@ -58,6 +60,7 @@ class RewardScorer:
         self.ceiling = torch.tensor([nan if c is None else c for c in (ceilings or [None] * k)], dtype=torch.float64)
         self.floor = torch.tensor([nan if f is None else f for f in (floors or [None] * k)], dtype=torch.float64)
         self.eps, self.mean_ema, self.weight_ema = eps, mean_ema, weight_ema
+        self.normalize_components = normalize_components  # GDPO: each component standardised within its group before the sum
         self.state: DynamicState | None = None
         self._reported: set[tuple[str, str]] = set()
         self._restarts_seen = [getattr(c, "restarts", None) for c in components]  # None: no worker process
@@ -144,7 +147,8 @@ class RewardScorer:
                 metrics[f"reward/{name}_restarts"] = float(sums[2 * k + i])
                 metrics[f"reward/{name}_hangs"] = float(sums[3 * k + i])
             metrics[f"reward/weight/{name}"] = float(weights[i])
-        return weighted_sum(scores, weights.float()), metrics
+        fused = normalize_within_groups(scores, self.group_size) if self.normalize_components else scores
+        return weighted_sum(fused, weights.float()), metrics
 
     def _new_restarts(self) -> list[float]:
         """Per component, worker restarts since the previous training step (0 without a worker)."""
@@ -214,4 +218,5 @@ def build_reward_scorer(reward: "RewardConfig", *, group_size: int, device: torc
     cs, dyn = reward.components, reward.dynamic
     return RewardScorer(components, weights=[c.weight for c in cs], fallbacks=[c.fallback for c in cs], fusion=reward.fusion,
                         group_size=group_size, ceilings=[c.ceiling for c in cs], floors=[c.floor for c in cs],
-                        eps=dyn.eps, mean_ema=dyn.mean_ema, weight_ema=dyn.weight_ema)
+                        eps=dyn.eps, mean_ema=dyn.mean_ema, weight_ema=dyn.weight_ema,
+                        normalize_components=reward.normalize_components)

@@ -359,7 +359,7 @@ def test_diagnostics_are_detached_scalars():
                              returns=torch.ones(2, 3))
     _, stats = rl_objective(inputs, beta=0.1, tis_cap=1.0, off_policy_mask=0.1, entropy_coef=0.01)
     assert set(stats) == {"clip_frac", "approx_kl", "ratio_mean", "ratio_max", "off_policy_masked_frac",
-                          "tis_clip_frac", "sampler_kl", "kl", "kl_seq", "value_loss", "entropy"}
+                          "tis_clip_frac", "sampler_kl", "kl", "kl_seq", "value_loss", "value_clip_frac", "entropy"}
     assert stats["sampler_kl"].item() == pytest.approx(-0.1, abs=1e-6)  # log π_sampler − log π_old = −0.1 on every token
     assert all(torch.is_tensor(v) and v.dim() == 0 and not v.requires_grad for v in stats.values())
 

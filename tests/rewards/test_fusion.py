@@ -113,3 +113,34 @@ def test_weighted_sum_scorer_uses_configured_weights():
     rewards, metrics = scorer.score(_inputs([1.0, 0.0]))
     assert rewards.tolist() == pytest.approx([0.4, 0.0]) and metrics["reward/weight/env"] == pytest.approx(0.4)
     assert not math.isnan(metrics["reward/env_mean"]) and scorer.state_dict()["dynamic"] is None
+
+
+def test_normalize_within_groups_by_hand():
+    from scalerl.rewards.fusion import normalize_within_groups
+
+    # component 0, groups of 2: (1, 0) mean 0.5, Bessel std √0.5 = 0.707107 → ±0.5/0.707107 = ±0.707107 (eps 0); (1, 1) → 0
+    # component 1 on a 100× scale: (0, 200) → ∓0.707107, (400, 600) → ∓0.707107: the same size as component 0
+    scores = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 200.0, 400.0, 600.0]])
+    out = normalize_within_groups(scores, 2, eps=1e-12)
+    r = math.sqrt(0.5)
+    assert out.flatten().tolist() == pytest.approx([r, -r, 0.0, 0.0, -r, r, -r, r], abs=1e-6)
+
+
+def test_scorer_normalizes_each_component_before_the_sum():
+    """reward.normalize_components (GDPO): a component on a 100× scale no longer drowns the other."""
+
+    class Big(EnvComponent):
+        def score(self, inputs):
+            return torch.tensor([0.0, 100.0, 50.0, 0.0])
+
+    def scorer(normalize):
+        return RewardScorer([EnvComponent("env"), Big("big")], weights=[1.0, 1.0], fallbacks=[0.0, 0.0], fusion="weighted_sum",
+                            group_size=2, normalize_components=normalize)
+
+    plain, _ = scorer(False).score(_inputs([1.0, 0.0, 1.0, 0.0]))
+    assert plain.tolist() == pytest.approx([1.0, 100.0, 51.0, 0.0])  # env's 0/1 lost in big's 0..100
+    fused, metrics = scorer(True).score(_inputs([1.0, 0.0, 1.0, 0.0]))
+    # each group: env (1, 0) → (+a, −a), a = 0.5 / (√0.5 + 1e-4); big (0, 100) → (−b, +b), b = 50 / (√5000 + 1e-4) ≈ a
+    a, b = 0.5 / (math.sqrt(0.5) + 1e-4), 50.0 / (math.sqrt(5000.0) + 1e-4)
+    assert fused.tolist() == pytest.approx([a - b, b - a, a + b, -a - b], abs=1e-5)
+    assert metrics["reward/big_mean"] == 37.5  # the metrics keep the raw scores

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from conftest import tiny_overrides
 from scalerl.algorithms.kl_control import progressive_beta
+from scalerl.algorithms.rollout_correction import RolloutCorrection
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
@@ -119,7 +121,25 @@ def test_ppo_with_a_reward_model_uses_its_scores(runs, tmp_path):
     ({"algorithm.name": "cispo", "algorithm.eps_max": 3.0}, {"policy_loss": "cispo", "eps_max": 3.0}),
     ({"algorithm.name": "ppo", "algorithm.vf_coef": 0.25, "algorithm.value_clip": None}, {"vf_coef": 0.25, "value_clip": None}),
     ({"algorithm.entropy_coef": 0.01, "algorithm.loss_agg": "sequence"}, {"entropy_coef": 0.01, "loss_agg": "sequence", "normalizer": 16}),
-], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy"])
+    ({"algorithm.policy_loss": "sapo", "algorithm.sapo_tau_neg": 2.0, "algorithm.loss_agg": "sequence"},
+     {"policy_loss": "sapo", "policy_params": {"tau_pos": 1.0, "tau_neg": 2.0}}),
+    ({"algorithm.policy_loss": "vespo", "algorithm.vespo_k_pos": 1.5},
+     {"policy_loss": "vespo", "policy_params": {"k_pos": 1.5, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}}),
+    ({"algorithm.policy_loss": "gmpo", "algorithm.clip_eps_low": 0.4, "algorithm.clip_eps_high": 0.4},
+     {"policy_loss": "gmpo", "clip_eps_low": 0.4}),
+    ({"algorithm.policy_loss": "clip_cov", "algorithm.cov_ratio": 0.1},
+     {"policy_loss": "clip_cov", "policy_params": {"ratio": 0.1, "cov_low": 1.0, "cov_high": 5.0}}),
+    ({"algorithm.policy_loss": "kl_cov", "algorithm.kl_cov_coef": 0.5},
+     {"policy_loss": "kl_cov", "policy_params": {"ratio": 2e-4, "kl_coef": 0.5}}),
+    ({"algorithm.loss_agg": "sequence_sum"}, {"loss_agg": "sequence_sum", "normalizer": 16}),
+    ({"algorithm.top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2}),
+    ({"algorithm.name": "cispo", "algorithm.importance_level": "sequence"}, {"policy_loss": "cispo", "importance_level": "sequence"}),
+    ({"algorithm.kl.beta": 0.1, "algorithm.kl.estimator": "k3+"}, {"kl_estimator": "k3+"}),
+    ({"algorithm.name": "cispo", "algorithm.eps_min": 0.5}, {"policy_loss": "cispo", "policy_params": {"eps_min": 0.5}}),
+    ({"algorithm.rollout_correction": "icepop", "algorithm.rollout_rs_low": 0.8},
+     {"rollout_correction": RolloutCorrection("icepop", cap=2.0, low=0.8, high=2.0)}),
+], ids=["gspo", "delta", "off-policy-mask", "dr-grpo-constant", "kl-with-ratio", "cispo", "ppo-value", "entropy", "sapo", "vespo",
+        "gmpo", "clip-cov", "kl-cov", "luspo-sequence-sum", "top-entropy", "cispo-sequence", "k3-plus", "cispo-eps-min", "rollout-correction"])
 def test_config_variants_reach_the_objective(runs, monkeypatch, overrides, expected):
     """Each objective setting in the config arrives at `rl_objective` as its keyword, and the step trains."""
     from scalerl.distributed.context import DistContext
@@ -149,3 +169,91 @@ def test_mask_truncated_completions_trains_on_no_token_of_a_cut_completion(runs,
     assert 0 < int(truncated.sum()) < len(truncated)  # 3 tokens: some sums end in time, some are cut
     [mask] = masks
     assert (mask[truncated] == 0).all() and (mask[~truncated].sum(1) > 0).all()
+
+
+def test_mask_truncated_sequence_normaliser_counts_every_completion_as_trl(runs, monkeypatch):
+    """loss_agg=sequence with mask_truncated_completions: the trainer divides by every completion,
+    truncated ones included (TRL's grpo: mean over all B), so its loss is rl_objective's default one."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+
+    calls = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: calls.append((inputs, kw)) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "cutseq", **{"algorithm.mask_truncated_completions": True,
+                                                                      "rollout.max_new_tokens": 3, "algorithm.loss_agg": "sequence"}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    batch, _ = loop.train_step(rollout, learner, 1, learner.ctx)
+    [(inputs, kw)] = calls
+    truncated = batch.rollout.truncated
+    assert 0 < int(truncated.sum()) < len(truncated)
+    assert kw["normalizer"] == len(truncated)  # 16 completions, not the 16 − truncated that keep tokens
+    with torch.no_grad():
+        trainer_loss = real(inputs, **kw)[0]
+        default_loss = real(inputs, **{k: v for k, v in kw.items() if k != "normalizer"})[0]
+    assert trainer_loss.item() == pytest.approx(default_loss.item(), rel=1e-6)
+
+
+def test_adaptive_entropy_coefficient_is_steered_and_applied(runs, monkeypatch):
+    """algorithm.entropy_target: each update's rl_objective gets the adaptive coefficient, which moves by
+    entropy_coef_step after each update toward the target (up while the entropy is at or below it)."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+
+    coefs = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: coefs.append(kw["entropy_coef"]) or real(inputs, **kw))
+    # a target far above any entropy of the built-in model (its vocabulary is small): the coefficient only rises
+    config = load_config(overrides=tiny_overrides(runs, "entropy", **{"algorithm.entropy_coef": 0.01, "algorithm.entropy_target": 50.0,
+                                                                       "algorithm.entropy_coef_step": 0.02, "train.steps": 3}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    metrics = [loop.train_step(rollout, learner, step, learner.ctx)[1] for step in (1, 2, 3)]
+    assert coefs == pytest.approx([0.01, 0.03, 0.05])  # 0.01, then + 0.02 after each update
+    assert [m["entropy_coef"] for m in metrics] == pytest.approx([0.03, 0.05, 0.07])
+    # a target below the entropy: the bonus is switched off and the coefficient falls to 0
+    learner.state.entropy_coef, learner.state.last_entropy = None, None
+    monkeypatch.setattr(learner, "algo", learner.algo.model_copy(update={"entropy_target": 1e-6}))
+    coefs.clear()
+    loop.train_step(rollout, learner, 4, learner.ctx)
+    loop.train_step(rollout, learner, 5, learner.ctx)
+    assert coefs == pytest.approx([0.01, 0.0]) and learner.state.entropy_coef == pytest.approx(0.0)
+
+
+def test_policy_loss_and_rollout_correction_diagnostics_reach_the_step_metrics(runs):
+    from scalerl.distributed.context import DistContext
+
+    config = load_config(overrides=tiny_overrides(runs, "diag", **{"algorithm.policy_loss": "sapo", "algorithm.rollout_correction": "geo_mis_token_tis",
+                                                                    "algorithm.top_entropy_quantile": 0.5}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
+    assert 0 < metrics["sapo_gate"] <= 1 and 0 < metrics["top_entropy_frac"] <= 1
+    assert {"rollout_corr/ratio_p50", "rollout_corr/masked_frac", "rollout_corr/is_clip_frac", "rollout_corr/sampler_kl_k3"} <= set(metrics)
+    assert 0.5 < metrics["rollout_corr/ratio_p50"] < 2  # the sampler is the same model: ratios near 1
+
+
+def test_on_policy_distillation_uses_the_teacher_per_token(runs, tmp_path, monkeypatch):
+    """algorithm.distill_teacher: a teacher that differs from the student gives per-token advantages
+    log π_teacher − log π_student (B, T) and a non-zero distill/reverse_kl; a teacher equal to the student gives 0."""
+    from scalerl.distributed.context import DistContext
+    from scalerl.learner import learner as learner_module
+    from scalerl.models.loading import load_model
+
+    from scalerl.config.schema import ModelConfig
+
+    teacher = load_model(ModelConfig(), torch.device("cpu"))
+    with torch.no_grad():
+        teacher.get_output_embeddings().weight.mul_(3.0)  # sharper: a different distribution
+    teacher.save_pretrained(tmp_path / "teacher")
+    seen = []
+    real = learner_module.rl_objective
+    monkeypatch.setattr(learner_module, "rl_objective", lambda inputs, **kw: seen.append(inputs.advantages) or real(inputs, **kw))
+    config = load_config(overrides=tiny_overrides(runs, "distill", **{"algorithm.distill_teacher": str(tmp_path / "teacher")}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    batch, metrics = loop.train_step(rollout, learner, 1, learner.ctx)
+    [adv] = seen
+    assert adv.dim() == 2 and adv.abs().sum() > 0 and metrics["distill/reverse_kl"] != 0.0
+    seen.clear()
+    same = load_config(overrides=tiny_overrides(runs, "distill-same", **{"algorithm.distill_teacher": "builtin"}))
+    rollout, learner, _ = loop.build_roles(same, DistContext(), resume=False)
+    metrics = loop.train_step(rollout, learner, 1, learner.ctx)[1]
+    assert seen[0].abs().max().item() < 1e-4 and abs(metrics["distill/reverse_kl"]) < 1e-4
