@@ -49,12 +49,20 @@ def _first_error(err: ValidationError) -> str:
         parent = _section_at(first["loc"][:-1])
         where = ".".join(str(p) for p in loc)
         allowed = ", ".join(parent.model_fields) if parent else ""
-        return f"{where}: unknown key; allowed here: {allowed}"
+        return f"{where}: unknown key{_suggestion(where)}; allowed here: {allowed}"
     if first["type"] == "literal_error":
         return f"{where}: {msg} (got {_shown(first['input'])})"
     if not where and _NAMES_A_KEY.match(msg):  # a cross-field check whose message starts with the key at fault
         return msg
     return f"{where or 'config'}: {msg}" + (f" (got {_shown(first['input'])})" if where and "input" in first and not isinstance(first["input"], dict) else "")
+
+
+def _suggestion(where: str) -> str:
+    """'; did you mean `optim.lr`?' for an unknown key (scalerl/config/suggest.py), or ''."""
+    from scalerl.config.reference import dotted_keys
+    from scalerl.config.suggest import nearest
+
+    return nearest(re.sub(r"\.\d+\.", ".", where), dotted_keys())
 
 
 def _section_at(loc: tuple) -> type[BaseModel] | None:
@@ -126,6 +134,13 @@ def _typed_override(item: str, schema: type[BaseModel] | None) -> tuple[str, Any
     return key, value
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line, with the line and column (1-based) where the parser stopped."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    what = " ".join(p for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
     """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
     if path is None:
@@ -142,7 +157,7 @@ def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
         raise ScaleRLError(f"config file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
                            "pass a YAML file to --config") from None
     except yaml.YAMLError as err:
-        raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise ScaleRLError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(tree, dict):
         raise ScaleRLError(f"config file {path} must hold a mapping ({example})")
     return tree
