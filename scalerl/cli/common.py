@@ -133,8 +133,21 @@ def run_config(config_path: Path | None, overrides: list[str], *, dry_run: bool,
     config = checked_config(config_path, overrides, resume, overwrite)
     if dry_run:
         print(dump_config(config), end="")
+        dry_run_checks(config)
         return None
     return config
+
+
+def dry_run_checks(config) -> None:
+    """--dry-run: what can be checked without training (scalerl/jobs/preflight.py), as YAML comments after the config;
+    each problem one `error:` line on stderr, then exit 2."""
+    from scalerl.jobs.preflight import preflight
+
+    report, problems = preflight(config)
+    print("".join(f"# checked: {line}\n" for line in report), end="", flush=True)
+    if problems:
+        print("".join(f"error: {line}\n" for line in problems), end="", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,

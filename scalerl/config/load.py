@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -163,6 +164,44 @@ def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
     return tree
 
 
+_PATH_KEYS = (("model", "path"), ("model", "tokenizer"), ("reward", "model"), ("env", "chat_template"))
+
+
+def _local(value: Any, folder: Path) -> Any:
+    """`value` as an absolute path when it is a relative path naming something in `folder`, else `value`."""
+    if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~") or ":" in value:
+        return value
+    return str((folder / value).resolve()) if os.path.exists(folder / value) else value
+
+
+def resolve_relative_paths(tree: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Relative paths in a YAML file name files beside it, not in the current folder: the model and tokenizer
+    folders, reward models, the chat template and every env.args value, each made absolute when it names
+    something in the YAML's folder (so the saved config.yaml works from any folder). Hub ids, 'builtin' and
+    other values are kept."""
+    for section, key in _PATH_KEYS:
+        if isinstance(tree.get(section), dict) and key in tree[section]:
+            tree[section][key] = _local(tree[section][key], folder)
+    reward = tree.get("reward")
+    components = [tree.get("reward_components"), reward.get("components") if isinstance(reward, dict) else None]
+    for comp in [c for group in components if isinstance(group, list) for c in group]:
+        if isinstance(comp, dict) and "model" in comp:
+            comp["model"] = _local(comp["model"], folder)
+    args = tree.get("env", {}).get("args") if isinstance(tree.get("env"), dict) else None
+    if isinstance(args, dict):
+        for key, value in args.items():
+            args[key] = _local(value, folder)
+    return tree
+
+
+def add_plugin_folder(folder: Path) -> None:
+    """Plug-in modules (`module:function`, `module:Class`) named in a YAML file are found in the file's folder
+    (after the import path's own entries, so they shadow nothing)."""
+    text = str(folder.resolve())
+    if text not in sys.path:
+        sys.path.append(text)
+
+
 def override_items(overrides: list[str] | dict[str, Any] | None, schema: type[BaseModel] | None = None):
     """(dotted key, value) pairs from `--set` strings or a dict; with `schema`, a `--set` string for
     a text setting keeps its text (`_typed_override`)."""
@@ -176,6 +215,9 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     one-line message. What the config names outside itself (environment options, model folders,
     reward functions) is checked by `scalerl.config.checks.check_config`."""
     tree = read_yaml_mapping(path, "model:, env:, ...")
+    if path is not None:
+        resolve_relative_paths(tree, Path(path).resolve().parent)
+        add_plugin_folder(Path(path).parent)
     items = override_items(overrides, Config)
     for key, value in items:
         _set_dotted(tree, key, value)
