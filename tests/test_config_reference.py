@@ -87,7 +87,7 @@ def test_unknown_env_arg_lists_the_allowed_keys():
         validate_env_args("math", {"eval_sise": 3})
     msg = str(err.value)
     assert msg.startswith("env.args.eval_sise: unknown option of environment math; did you mean `env.args.eval_size`?")
-    assert "allowed: data_path, hf_dataset" in msg
+    assert "allowed: data_file, hf_dataset" in msg
 
 
 def test_broken_yaml_keeps_line_and_column(tmp_path: Path):

@@ -33,7 +33,7 @@ def _errors(proc: subprocess.CompletedProcess) -> list[str]:
 
 def test_a_good_data_file_is_counted(tmp_path):
     (tmp_path / "train.jsonl").write_text(ROWS)
-    proc = _dry_run(tmp_path, "--set", f"env.args.train_file={tmp_path / 'train.jsonl'}")
+    proc = _dry_run(tmp_path, "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}")
     assert proc.returncode == 0, proc.stderr
     assert "# checked: env arithmetic: 30 training tasks, 200 held-out tasks" in proc.stdout
     assert yaml.safe_load(proc.stdout)["env"]["name"] == "arithmetic"  # the report is YAML comments
@@ -41,13 +41,13 @@ def test_a_good_data_file_is_counted(tmp_path):
 
 def test_a_bad_jsonl_row_fails_the_dry_run(tmp_path):
     (tmp_path / "train.jsonl").write_text(ROWS + '{"prompt": "1+1=", "answer": \n')
-    (line,) = _errors(_dry_run(tmp_path, "--set", f"env.args.train_file={tmp_path / 'train.jsonl'}"))
-    assert "env.args.train_file" in line and "train.jsonl:31: not valid JSON" in line
+    (line,) = _errors(_dry_run(tmp_path, "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}"))
+    assert "env.args.data_file" in line and "train.jsonl:31: not valid JSON" in line
 
 
 def test_a_missing_column_fails_the_dry_run(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "1+1="}\n' * 70)
-    (line,) = _errors(_dry_run(tmp_path, "--set", "env.name=math", "--set", f"env.args.data_path={tmp_path / 'train.jsonl'}",
+    (line,) = _errors(_dry_run(tmp_path, "--set", "env.name=math", "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}",
                                "--set", "env.args.eval_size=5"))
     assert "column 'prompt' is missing" in line
 
@@ -69,9 +69,9 @@ def test_a_broken_reward_module_fails_the_dry_run(tmp_path):
 def test_every_problem_gets_its_line(tmp_path):
     (tmp_path / "train.jsonl").write_text("not json\n")
     (tmp_path / "raises.py").write_text("def score(prompts, completions, **kw):\n    return [1.0, 2.0]\n")
-    lines = _errors(_dry_run(tmp_path, "--set", "model.path=nobody/no-such-model", "--set", f"env.args.train_file={tmp_path / 'train.jsonl'}",
+    lines = _errors(_dry_run(tmp_path, "--set", "model.path=nobody/no-such-model", "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}",
                              "--set", "reward.components=[{name: mine, function: 'raises:score'}]"))
-    assert [line.split(":")[1].strip() for line in lines] == ["model.path", "env.args.train_file", "reward.components.0.function"]
+    assert [line.split(":")[1].strip() for line in lines] == ["model.path", "env.args.data_file", "reward.components.0.function"]
     assert "returned 2 scores for 1 completions" in lines[2]
 
 
@@ -89,12 +89,12 @@ def test_yaml_paths_and_plugins_resolve_from_the_yaml_folder(tmp_path):
     elsewhere.mkdir()
     (project / "data" / "train.jsonl").write_text(ROWS)
     (project / "myreward.py").write_text("def score(prompts, completions, **kw):\n    return [0.5] * len(completions)\n")
-    (project / "run.yaml").write_text("env:\n  args:\n    train_file: data/train.jsonl\n"
+    (project / "run.yaml").write_text("env:\n  args:\n    data_file: data/train.jsonl\n"
                                       "reward:\n  components:\n    - {name: mine, function: 'myreward:score'}\n")
     proc = _dry_run(tmp_path, "--config", "../project/run.yaml", cwd=elsewhere)
     assert proc.returncode == 0, proc.stderr
     resolved = yaml.safe_load(proc.stdout)  # what the run folder's config.yaml holds: a resume from any folder finds the file
-    assert resolved["env"]["args"]["train_file"] == str(project / "data" / "train.jsonl")
+    assert resolved["env"]["args"]["data_file"] == str(project / "data" / "train.jsonl")
     assert "30 training tasks" in proc.stdout and "scored a sample row 0.5" in proc.stdout
     # --set keeps the command line's meaning: relative to the current folder
-    assert run_cli("-m", "scalerl.cli.main", "train", "--dry-run", "--set", "env.args.train_file=data/train.jsonl").returncode == 2
+    assert run_cli("-m", "scalerl.cli.main", "train", "--dry-run", "--set", "env.args.data_file=data/train.jsonl").returncode == 2

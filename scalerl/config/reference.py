@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import types
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel

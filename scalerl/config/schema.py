@@ -417,7 +417,7 @@ class ReplayConfig(_Section):
 class ContinualConfig(_Section):
     """`scalerl continual` (scalerl/jobs/continual.py): new data → online evaluation → incremental RL → validation."""
 
-    data_arg: str = Field("train_file", description="The env.args key each new data file is given as (arithmetic: train_file; math: data_path).")
+    data_arg: str = Field("data_file", description="The env.args key each new data file is given as (every built-in environment's data_file).")
     steps_per_batch: int = Field(50, ge=1, description="Training steps on each new data file.")
     validate_every_s: float = Field(8 * 3600.0, gt=0, description="Validate against the held-out set once this long has passed since the last.")
     validate_every_steps: int | None = Field(None, ge=1, description="Also validate once this many training steps have passed (tests: 1).")

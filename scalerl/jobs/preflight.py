@@ -141,7 +141,12 @@ def check_sandbox(config: Config) -> list[str]:
 
 def check_reward_functions(config: Config, env: Any) -> list[str]:
     """Each reward function imports and, called once on a sample row, returns one finite-or-None score."""
-    from scalerl.rewards.safe_call import RewardCallError, call_function, check_length, resolve_function
+    from scalerl.rewards.safe_call import (
+        RewardCallError,
+        call_function,
+        check_length,
+        resolve_function,
+    )
 
     lines = []
     task = env.train_tasks()[0] if env is not None else None
