@@ -97,3 +97,38 @@ def test_broken_yaml_keeps_line_and_column(tmp_path: Path):
         load_config(path)
     msg = str(err.value)
     assert "\n" not in msg and str(path) in msg and "line 5, column 6" in msg, msg
+
+
+def test_dry_run_output_is_commented_and_shows_env_args(tmp_path):
+    """--dry-run prints each key's description as a comment above it, every section too, and the environment's own
+    options in full (not `args: {}`); the YAML still loads back into the same config."""
+    import yaml
+
+    from scalerl.config import dump_config
+    from scalerl.config.reference import SECTIONS
+
+    proc = run_cli("-m", "scalerl.cli.main", "train", "--dry-run", "--set", "env.name=math", "--set", f"log.run_dir={tmp_path}",
+                   timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    for section in SECTIONS:
+        at = lines.index(f"{section}:")
+        assert lines[at - 1].startswith("# ") and len(lines[at - 1]) > 10, section
+    assert lines[lines.index("  lr: 0.0001") - 1] == "  # AdamW peak learning rate"
+    assert lines[lines.index("    eval_size: 50") - 1].startswith("    # Held-out problems for the greedy pass rate")
+    shown = yaml.safe_load(proc.stdout)
+    assert shown["env"]["args"]["prompt_column"] == "prompt" and shown["env"]["args"]["data_file"] is None
+    expected = load_config(None, ["env.name=math", f"log.run_dir={tmp_path}"])
+    assert load_config(None, {k: v for k, v in _flat(shown).items()}) == expected.model_copy(
+        update={"env": expected.env.model_copy(update={"args": shown["env"]["args"]})})
+    assert dump_config(expected)  # the saved config (run folder) stays the plain dump
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and key != "args":
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

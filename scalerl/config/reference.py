@@ -7,6 +7,7 @@ package imports no environment). `scalerl config [SECTION]` prints both; a docs 
 from __future__ import annotations
 
 import json
+import re
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,14 +118,65 @@ def config_reference(section: str | None = None) -> list[ConfigKey]:
     return [k for k in keys if k.key == section or k.key.startswith(section + ".") or k.key.startswith(section + "[]")]
 
 
+# What each top-level section is for, shown above it in --dry-run's output and in the reference.
+SECTIONS = {
+    "model": "The policy: a local Hugging Face folder, 'builtin' or a hub id; its tokenizer, attention and LoRA.",
+    "env": "Where prompts come from and how completions are scored; env.args are the environment's own options.",
+    "rollout": "Sampling: prompts per step, completions per prompt, lengths, temperature, sync or async, the engine.",
+    "algorithm": "The objective (grpo, cispo, rloo, reinforce_pp, ppo) with its clipping, KL and filters.",
+    "reward": "What scores a completion beyond the environment: reward models and functions, fused; caps and dumps.",
+    "optim": "AdamW and its learning-rate schedule.",
+    "train": "Steps, epochs over each batch, mini- and micro-batches, seed, threads and device.",
+    "precision": "What weights, states and matmuls are stored and run in (fp32, standard, aggressive, compressed).",
+    "parallel": "How the ranks of torchrun (scalerl train --nproc N) split the learner.",
+    "eval": "The held-out pass rate: how often, on how many tasks, how sampled.",
+    "forgetting": "Keeping an earlier task: anchor data, EWC.",
+    "replay": "Replaying earlier groups (needs an off-policy correction).",
+    "continual": "scalerl continual: training on data files as they arrive.",
+    "checkpoint": "When checkpoints are saved and how many are kept.",
+    "log": "The run folder, console, TensorBoard and Prometheus.",
+    "health": "Health rules checked every step: events, warnings and automatic responses.",
+}
+
+
 def section_descriptions() -> dict[str, str]:
-    """Each top-level section's one-line description (its class's docstring's first line, else its field's description)."""
-    out = {}
-    for name, field in Config.model_fields.items():
-        cls = _section_type(field.annotation)
-        doc = field.description or (cls.__doc__ or "" if cls is not None and cls.__doc__ != BaseModel.__doc__ else "")
-        out[name] = " ".join(doc.split()).split(". ")[0].rstrip(".") if doc else ""
+    """Each top-level section's one-line description (SECTIONS; a top-level setting's own description)."""
+    return {name: SECTIONS.get(name) or field.description or "" for name, field in Config.model_fields.items()}
+
+
+def key_descriptions() -> dict[str, str]:
+    """Dotted key -> description, for every key and every section (top level and nested ones with a description)."""
+    out = {k.key: k.description for k in config_reference()}
+    out.update(section_descriptions())
     return out
+
+
+def _comment(text: str, width: int = 110) -> str:
+    first = re.split(r"(?<!e\.g)(?<!i\.e)\. ", text)[0].strip().rstrip(".")
+    return first if len(first) <= width else first[: width - 3].rstrip() + "..."
+
+
+def commented_yaml(text: str, descriptions: dict[str, str]) -> str:
+    """YAML text (block style, as yaml.safe_dump writes it) with each key's description as a comment line above it.
+    Keys inside list items get none (their descriptions are the reference's `key[].sub`)."""
+    out, stack = [], []  # stack: (indent, key) of the enclosing mappings
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        if stripped.startswith(("- ", "#")) or ":" not in stripped or any(k is None for _, k in stack):
+            if stripped.startswith("- "):
+                stack.append((indent, None))
+            out.append(line)
+            continue
+        key = stripped.split(":", 1)[0]
+        stack.append((indent, key))
+        description = descriptions.get(".".join(k for _, k in stack))
+        if description:
+            out.append(" " * indent + "# " + _comment(description))
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def dotted_keys() -> list[str]:
