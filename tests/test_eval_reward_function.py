@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import ROOT, run_cli, tiny_overrides
 
 
+@pytest.mark.slow
 def test_eval_scores_a_function_reward_run(tmp_path):
     plugins = tmp_path / "plugins"
     plugins.mkdir()
