@@ -20,7 +20,7 @@ def _dry_run(tmp_path: Path, *args: str, env: dict | None = None, cwd: Path | No
                 "PATH": "/usr/bin:/bin", **(env or {})}
     return subprocess.run([sys.executable, "-P", "-m", "scalerl.cli.main", "train", "--dry-run",
                            "--set", f"log.run_dir={tmp_path / 'runs'}", *args],
-                          capture_output=True, text=True, timeout=60, env=full_env, cwd=cwd or tmp_path)
+                          check=False, capture_output=True, text=True, timeout=60, env=full_env, cwd=cwd or tmp_path)
 
 
 def _errors(proc: subprocess.CompletedProcess) -> list[str]:

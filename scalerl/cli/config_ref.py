@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-from typing import Optional
 
 import typer
 
@@ -19,7 +18,7 @@ def _print_keys(keys) -> None:
 
 
 def config_command(
-    section: Optional[str] = typer.Argument(None, help="A section (optim), a key prefix (algorithm.kl), env.args, or env.args.NAME "
+    section: str | None = typer.Argument(None, help="A section (optim), a key prefix (algorithm.kl), env.args, or env.args.NAME "
                                                        "for one environment's own options; default: every key."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
 ) -> None:

@@ -434,7 +434,7 @@ class CheckpointConfig(_Section):
 class LogConfig(_Section):
     run_dir: Path = Field(Path("runs"), description="Parent folder of run directories.")
     name: str | None = Field(None, description="Run name (runs/<name>); default: a timestamp.")
-    tensorboard: bool = Field(True, description="Write TensorBoard event files into the run folder.")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files (the scalars, and each evaluation's sample completions as text) into the run folder.")
     console: Literal["rich", "plain", "none"] = Field("rich", description="rich: live progress bar; plain: a line per step.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve every step metric to Prometheus at http://metrics_host:PORT/metrics; null: off; 0: a free port (printed).")
     metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to; 0.0.0.0 exposes it to other machines.")

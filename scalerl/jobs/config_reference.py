@@ -3,7 +3,13 @@
 
 from __future__ import annotations
 
-from scalerl.config.reference import ConfigKey, commented_yaml, config_reference, key_descriptions, model_keys
+from scalerl.config.reference import (
+    ConfigKey,
+    commented_yaml,
+    config_reference,
+    key_descriptions,
+    model_keys,
+)
 
 __all__ = ["ConfigKey", "commented_dump", "config_reference", "env_args_reference"]
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from scalerl.config import Config
 from scalerl.errors import ScaleRLError
@@ -24,7 +25,7 @@ def _bounded(fn: Callable[[], Any], what: str, fix: str) -> Any:
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as err:  # handed to the caller
+        except BaseException as err:  # noqa: BLE001 - handed to the caller, which raises it
             box["error"] = err
 
     thread = threading.Thread(target=run, daemon=True, name=f"dry-run {what}")
@@ -61,7 +62,7 @@ def check_hub_id(repo: str, field: str) -> str:
         _bounded(ask, field, f"{repo} is not a local folder and the hub does not answer; give a local model folder")
     except ScaleRLError:
         raise
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever the hub client raises: the id cannot be had
         raise ScaleRLError(f"{field}: {repo} is not a local folder and the hub cannot give it ({type(err).__name__}: "
                            f"{_first_line(err)}); give a local model folder or check the id") from None
     return f"{field}: {repo} (hub id, reachable)"
@@ -166,7 +167,7 @@ def check_reward_functions(config: Config, env: Any) -> list[str]:
             raise
         except RewardCallError as err:
             raise ScaleRLError(f"{where}: {err.message}; fix the function") from None
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - whatever the user's function raises is reported, in one line
             raise ScaleRLError(f"{where}: {comp.function} raised {type(err).__name__}: {_first_line(err)} on a sample row "
                                f"(prompt {prompt[:40]!r}); fix the function") from None
         lines.append(f"reward {comp.name}: {comp.function} scored a sample row {scores[0]:.4g}")

@@ -12,7 +12,7 @@ from tests.conftest import run_cli, tiny_overrides
 
 
 class _Tok:
-    all_special_tokens = ["<s>", "</s>", "<unk>", "<pad>"]
+    all_special_tokens = ("<s>", "</s>", "<unk>", "<pad>")
 
 
 def test_shown_text_drops_special_tokens():

@@ -15,7 +15,7 @@ BASE = ("-m", "scalerl.cli.main", "estimate", "--model-size", "7b", "--prompt-le
 
 
 def _components(out: str) -> dict[str, float]:
-    return {m[1]: float(m[2]) for m in re.finditer(r"^  (\w+)\s+([\d.]+) GiB", out, re.M)}
+    return {m[1]: float(m[2]) for m in re.finditer(r"^  (\w+)\s+([\d.]+) GiB", out, re.MULTILINE)}
 
 
 @pytest.mark.parametrize("mode", ["compressed", "standard"])
