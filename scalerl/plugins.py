@@ -95,7 +95,11 @@ def probe_import(module_name: str, where: str) -> None:
 
 
 def import_module(module_name: str, where: str) -> Any:
-    """The module, probed in a child first unless it is already imported or this is a worker process."""
+    """The module, probed in a child first unless it is already imported or this is a worker process. The current
+    folder is searched too (after the import path's own entries), as `python -m` would: a reward module beside the
+    command needs no PYTHONPATH=."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     if module_name not in sys.modules and multiprocessing.parent_process() is None:
         probe_import(module_name, where)
     try:

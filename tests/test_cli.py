@@ -151,3 +151,24 @@ def test_estimate_names_the_workload_it_prices(tmp_path):
                     "rollout.max_new_tokens=5000", "Llama-2 7b has 4096 positions")
     _one_line_error(run_cli("-m", "scalerl.cli.main", "estimate", "--set", "rollout.max_new_tokens=512"),
                     "rollout.max_new_tokens=512", "64 positions")  # the config's own model still binds without --model-size
+
+
+def test_rl_train_takes_kebab_case_flags_too():
+    """Every command's flags in one style: rl-train's --model_name is also --model-name (both kept)."""
+    kebab = run_cli("-m", "scalerl.cli.rl_train", "--model-name", "builtin", "--env-name", "calculator", "--total-timesteps", "1e3",
+                    "--batch-size", "64", "--learning-rate", "3e-5", "--dry-run")
+    snake = run_cli("-m", "scalerl.cli.rl_train", "--model_name", "builtin", "--env_name", "calculator", "--total_timesteps", "1e3",
+                    "--batch_size", "64", "--learning_rate", "3e-5", "--dry-run")
+    assert kebab.returncode == 0 and snake.returncode == 0, kebab.stderr + snake.stderr
+    resolved = yaml.safe_load(kebab.stdout)
+    assert resolved == yaml.safe_load(snake.stdout)
+    assert resolved["env"]["name"] == "calculator" and resolved["optim"]["lr"] == 3e-5 and resolved["train"]["steps"] == 16
+
+
+def test_python_m_train_bool_flags_take_words():
+    proc = run_cli("-m", "scalerl.train", "--gradient_checkpointing", "true", "--offload_optimizer", "off", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    resolved = yaml.safe_load(proc.stdout)
+    assert resolved["model"]["gradient_checkpointing"] is True and resolved["optim"]["offload"] is False
+    bad = run_cli("-m", "scalerl.train", "--gradient_checkpointing", "maybe", "--dry-run")
+    assert bad.returncode == 2 and "is not 0, 1, true or false" in bad.stderr

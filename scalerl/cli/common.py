@@ -128,13 +128,26 @@ def restarted(resume: bool, overwrite: bool) -> tuple[bool, bool]:
 def run_config(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, overwrite: bool = False):
     """The checked config of a `train` command (on --resume: the run's saved one, scalerl/config/resume.py), or None
     after printing it for --dry-run."""
-    from scalerl.config import dump_config
-
     config = checked_config(config_path, overrides, resume, overwrite)
     if dry_run:
-        print(dump_config(config), end="")
+        from scalerl.jobs.config_reference import commented_dump
+
+        print(commented_dump(config), end="")
+        dry_run_checks(config)
         return None
     return config
+
+
+def dry_run_checks(config) -> None:
+    """--dry-run: what can be checked without training (scalerl/jobs/preflight.py), as YAML comments after the config;
+    each problem one `error:` line on stderr, then exit 2."""
+    from scalerl.jobs.preflight import preflight
+
+    report, problems = preflight(config)
+    print("".join(f"# checked: {line}\n" for line in report), end="", flush=True)
+    if problems:
+        print("".join(f"error: {line}\n" for line in problems), end="", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def launch(config_path: Path | None, overrides: list[str], *, dry_run: bool, resume: bool, debug: bool,

@@ -30,6 +30,8 @@ def estimate(
     optim_8bit: bool = typer.Option(False, "--optim-8bit", help="8-bit AdamW states (1 byte per moment)."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: the longest of the environment's first 256 prompts)."),
     gpu_mem_gb: float = typer.Option(80.0, "--gpu-mem-gb", help="Memory of one GPU, GB."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=1, help="Answer for this many GPUs: the memory of each under the run's "
+                                       "parallel.strategy (fsdp2 shards the states; ddp, dynamic and none replicate them), and the cost."),
     price: float = typer.Option(2.0, "--price-per-gpu-hour", help="Price of one GPU-hour."),
     efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Efficiency factor (default: the source's 0.85 / 0.72 / 0.53 by size)."),
     tokens_per_s: Optional[float] = typer.Option(None, "--tokens-per-s", help="Generated tokens per second per process, if known."),
@@ -41,15 +43,16 @@ def estimate(
 
     def go() -> None:
         from scalerl.jobs import estimate as job
-        from scalerl.predict.memory import gpus_needed
+        from scalerl.predict.memory import GIB, gpus_needed, per_gpu_bytes
 
-        cfg = job.load_checked(config, list(set_), model_size)
+        overrides = list(set_) + ([job.precision_override(precision)] if precision else [])
+        cfg = job.load_checked(config, overrides, model_size)  # --precision is --set precision.mode: the mode's defaults apply
         shape = job.model_shape(cfg, model_size)
         micro = cfg.plan.micro_batch_size
         prompt_tokens, prompt_from = job.prompt_tokens(cfg, prompt_len)
-        for line in job.describe_workload(cfg, job.workload_sources(config, list(set_)), prompt_tokens, prompt_from):
+        for line in job.describe_workload(cfg, job.workload_sources(config, overrides), prompt_tokens, prompt_from):
             print(line)
-        mode = job.precision_mode(cfg, precision)
+        mode = cfg.precision.mode
         mem = job.component_memory(cfg, shape, mode, optim_8bit, prompt_tokens)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
               f"precision {mode}"
@@ -61,7 +64,13 @@ def estimate(
         n = gpus_needed(mem, gpu_mem_gb)
         print(f"GPUs of {gpu_mem_gb:g} GB: {n if n is not None else 'does not fit (activations or KV cache alone exceed one GPU: lower train.micro_batch_size or rollout.prompts_per_step)'}"
               f"{' (states sharded FSDP/ZeRO-3 style)' if n and n > 1 else ''}")
-        tps, per_step, per_step_from, measured = job.throughput(cfg, config, list(set_), tokens_per_s, calibrate, from_run)
+        if gpus is not None:
+            n = gpus
+            per_gpu = per_gpu_bytes(mem, gpus, cfg.parallel.strategy)
+            fits = "fits" if per_gpu <= 0.9 * gpu_mem_gb * GIB else "does not fit (90 % usable)"
+            print(f"per GPU with {gpus} GPU{'s' if gpus > 1 else ''} (parallel.strategy={cfg.parallel.strategy}): "
+                  f"{per_gpu / GIB:.3f} GiB; {fits} in {gpu_mem_gb:g} GB")
+        tps, per_step, per_step_from, measured = job.throughput(cfg, config, overrides, tokens_per_s, calibrate, from_run)
         if measured:
             print(f"{per_step_from}: {tps:,.0f} generated tokens/s, {per_step:,.0f} tokens per step")
         if tps is None:

@@ -53,7 +53,8 @@ def evaluate(
 
         result = run_eval(model, env, samples, temperature, max_tasks, max_new_tokens, seed)
         print(f"pass rate {result['pass_rate']:.4f} (95 % CI {result['ci95'][0]:.4f}-{result['ci95'][1]:.4f}) over "
-              f"{result['tasks']} tasks x {samples} samples, env {result['env']}, {result['model']}")
+              f"{result['tasks']} tasks x {samples} samples, env {result['env']}, {result['model']}"
+              + ("" if result["scored_by"] == "verifier" else f", scored by {result['scored_by']} (the mean reward)"))
         if json_out is not None:
             json_out.write_text(json.dumps(result, indent=1))
 

@@ -15,8 +15,17 @@ from pathlib import Path
 from scalerl.cli.common import launch
 
 
+_WORDS = {"true": 1, "yes": 1, "on": 1, "false": 0, "no": 0, "off": 0}
+
+
 def _flag(value: str) -> int:
-    return int(float(value))
+    """A <bool> flag's value as it is shown or written: 0, 1 (2 for --use_flash_attn), true/false, yes/no, on/off."""
+    if value.strip().lower() in _WORDS:
+        return _WORDS[value.strip().lower()]
+    try:
+        return int(float(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not 0, 1, true or false") from None
 
 
 def overrides_from_flags(args: argparse.Namespace) -> list[str]:

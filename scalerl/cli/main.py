@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from scalerl.cli.common import command_overrides, guarded, launch_ranks, restarted, run_config, run_guarded, setup_logging
+from scalerl.cli.config_ref import config_command
 from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.launch import launch as launch_command
@@ -150,6 +151,7 @@ def train_rm(
 app.command("launch")(launch_command)
 app.command("predict")(predict)
 app.command("estimate")(estimate)
+app.command("config")(config_command)
 
 
 def main() -> None:

@@ -2,6 +2,9 @@
 
     rl-train --algorithm grpo --model_name PATH_OR_ID --env_name arithmetic --total_timesteps 12800
 
+Every flag is also spelled as every other command spells its flags (kebab-case): --model-name, --env-name,
+--total-timesteps, --batch-size, --learning-rate.
+
 A timestep is one completion (one episode of a single-turn environment), so the run takes
 ceil(total_timesteps / (prompts_per_step x group_size)) training steps. `--batch_size` counts
 completions per step too, as TRL does.
@@ -22,11 +25,11 @@ ALGORITHMS = ("grpo", "cispo", "rloo", "reinforce_pp", "ppo")
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rl-train", description="Train a policy (gym-style interface).")
     ap.add_argument("--algorithm", default=None, help=f"One of {', '.join(ALGORITHMS)} (algorithm.name; default grpo).")
-    ap.add_argument("--model_name", default=None, help="Model folder, hub id or 'builtin' (model.path).")
-    ap.add_argument("--env_name", default=None, help="Environment name or module:Class (env.name).")
-    ap.add_argument("--total_timesteps", type=float, default=None, help="Completions to sample in total (1e6 works).")
-    ap.add_argument("--batch_size", type=int, default=None, help="Completions per step (a multiple of the group size).")
-    ap.add_argument("--learning_rate", type=float, default=None, help="optim.lr")
+    ap.add_argument("--model-name", "--model_name", dest="model_name", default=None, help="Model folder, hub id or 'builtin' (model.path).")
+    ap.add_argument("--env-name", "--env_name", dest="env_name", default=None, help="Environment name or module:Class (env.name).")
+    ap.add_argument("--total-timesteps", "--total_timesteps", dest="total_timesteps", type=float, default=None, help="Completions to sample in total (1e6 works).")
+    ap.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=None, help="Completions per step (a multiple of the group size).")
+    ap.add_argument("--learning-rate", "--learning_rate", dest="learning_rate", type=float, default=None, help="optim.lr")
     ap.add_argument("--seed", type=int, default=None, help="train.seed")
     ap.add_argument("--config", type=Path, default=None, help="YAML file of overrides.")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="Override a config key (repeatable).")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
@@ -49,12 +50,20 @@ def _first_error(err: ValidationError) -> str:
         parent = _section_at(first["loc"][:-1])
         where = ".".join(str(p) for p in loc)
         allowed = ", ".join(parent.model_fields) if parent else ""
-        return f"{where}: unknown key; allowed here: {allowed}"
+        return f"{where}: unknown key{_suggestion(where)}; allowed here: {allowed}"
     if first["type"] == "literal_error":
         return f"{where}: {msg} (got {_shown(first['input'])})"
     if not where and _NAMES_A_KEY.match(msg):  # a cross-field check whose message starts with the key at fault
         return msg
     return f"{where or 'config'}: {msg}" + (f" (got {_shown(first['input'])})" if where and "input" in first and not isinstance(first["input"], dict) else "")
+
+
+def _suggestion(where: str) -> str:
+    """'; did you mean `optim.lr`?' for an unknown key (scalerl/config/suggest.py), or ''."""
+    from scalerl.config.reference import dotted_keys
+    from scalerl.config.suggest import nearest
+
+    return nearest(re.sub(r"\.\d+\.", ".", where), dotted_keys())
 
 
 def _section_at(loc: tuple) -> type[BaseModel] | None:
@@ -126,6 +135,13 @@ def _typed_override(item: str, schema: type[BaseModel] | None) -> tuple[str, Any
     return key, value
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error on one line, with the line and column (1-based) where the parser stopped."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    what = " ".join(p for p in (getattr(err, "context", None), getattr(err, "problem", None)) if p) or str(err).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
     """The mapping in a --config YAML file ({} without one); one-line ScaleRLError otherwise."""
     if path is None:
@@ -142,10 +158,48 @@ def read_yaml_mapping(path: Path | None, example: str) -> dict[str, Any]:
         raise ScaleRLError(f"config file {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}): "
                            "pass a YAML file to --config") from None
     except yaml.YAMLError as err:
-        raise ScaleRLError(f"config file {path} is not valid YAML: {str(err).splitlines()[0]}") from None
+        raise ScaleRLError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
     if not isinstance(tree, dict):
         raise ScaleRLError(f"config file {path} must hold a mapping ({example})")
     return tree
+
+
+_PATH_KEYS = (("model", "path"), ("model", "tokenizer"), ("reward", "model"), ("env", "chat_template"))
+
+
+def _local(value: Any, folder: Path) -> Any:
+    """`value` as an absolute path when it is a relative path naming something in `folder`, else `value`."""
+    if not isinstance(value, str) or not value or os.path.isabs(value) or value.startswith("~") or ":" in value:
+        return value
+    return str((folder / value).resolve()) if os.path.exists(folder / value) else value
+
+
+def resolve_relative_paths(tree: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """Relative paths in a YAML file name files beside it, not in the current folder: the model and tokenizer
+    folders, reward models, the chat template and every env.args value, each made absolute when it names
+    something in the YAML's folder (so the saved config.yaml works from any folder). Hub ids, 'builtin' and
+    other values are kept."""
+    for section, key in _PATH_KEYS:
+        if isinstance(tree.get(section), dict) and key in tree[section]:
+            tree[section][key] = _local(tree[section][key], folder)
+    reward = tree.get("reward")
+    components = [tree.get("reward_components"), reward.get("components") if isinstance(reward, dict) else None]
+    for comp in [c for group in components if isinstance(group, list) for c in group]:
+        if isinstance(comp, dict) and "model" in comp:
+            comp["model"] = _local(comp["model"], folder)
+    args = tree.get("env", {}).get("args") if isinstance(tree.get("env"), dict) else None
+    if isinstance(args, dict):
+        for key, value in args.items():
+            args[key] = _local(value, folder)
+    return tree
+
+
+def add_plugin_folder(folder: Path) -> None:
+    """Plug-in modules (`module:function`, `module:Class`) named in a YAML file are found in the file's folder
+    (after the import path's own entries, so they shadow nothing)."""
+    text = str(folder.resolve())
+    if text not in sys.path:
+        sys.path.append(text)
 
 
 def override_items(overrides: list[str] | dict[str, Any] | None, schema: type[BaseModel] | None = None):
@@ -161,6 +215,9 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
     one-line message. What the config names outside itself (environment options, model folders,
     reward functions) is checked by `scalerl.config.checks.check_config`."""
     tree = read_yaml_mapping(path, "model:, env:, ...")
+    if path is not None:
+        resolve_relative_paths(tree, Path(path).resolve().parent)
+        add_plugin_folder(Path(path).parent)
     items = override_items(overrides, Config)
     for key, value in items:
         _set_dotted(tree, key, value)

@@ -147,14 +147,14 @@ class _Clipped(_Objective, PolicyLossOptions):
 
 
 class GRPOConfig(_Clipped):
-    name: Literal["grpo"] = Field("grpo", description="The algorithm: grpo, cispo, rloo, reinforce_pp or ppo; each has the keys below.")
+    name: Literal["grpo"] = Field("grpo", description="The objective (algorithm.name); the other algorithm.* keys depend on it.")
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="Divide group-centred rewards by the group's std, the batch's std, or nothing (Dr. GRPO).")
     adv_eps: float = Field(1e-4, gt=0, description="Added to the std before dividing.")
 
 
 class CISPOConfig(_Objective):
-    name: Literal["cispo"] = Field("cispo", description="CISPO: clipped, stop-gradient importance weights on REINFORCE (the ScaleRL recipe).")
+    name: Literal["cispo"] = Field("cispo", description="The objective (algorithm.name); the other algorithm.* keys depend on it.")
     eps_max: float = Field(5.0, gt=0, description="Upper cap of the stop-gradient importance weight.")
     eps_min: float | None = Field(None, ge=0, lt=1, description="Lower cap of the weight (SkyRL's two-sided CISPO, 1 - its eps_clip_low); null: none.")
     importance_level: Literal["token", "sequence"] = Field(
@@ -164,16 +164,16 @@ class CISPOConfig(_Objective):
 
 
 class RLOOConfig(_Clipped):
-    name: Literal["rloo"] = Field("rloo", description="RLOO: each completion's baseline is the mean reward of the others in its group.")
+    name: Literal["rloo"] = Field("rloo", description="The objective (algorithm.name); the other algorithm.* keys depend on it.")
 
 
 class ReinforcePPConfig(_Clipped):
-    name: Literal["reinforce_pp"] = Field("reinforce_pp", description="REINFORCE++: rewards normalised over the whole batch.")
+    name: Literal["reinforce_pp"] = Field("reinforce_pp", description="The objective (algorithm.name); the other algorithm.* keys depend on it.")
     baseline: Literal["batch", "group"] = Field("batch", description="batch: REINFORCE++; group: REINFORCE++-baseline (group mean first).")
 
 
 class PPOConfig(_Clipped):
-    name: Literal["ppo"] = Field("ppo", description="PPO with a critic (a value model or a value head) and GAE.")
+    name: Literal["ppo"] = Field("ppo", description="The objective (algorithm.name); the other algorithm.* keys depend on it.")
     gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per token.")
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
     critic: Literal["separate", "head"] = Field("separate", description="separate: a value model initialised from the policy's backbone; head: a value head on the policy.")
@@ -249,7 +249,7 @@ class RewardCapConfig(_Section):
 
 class RewardConfig(_Section):
     model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`); null uses the environment's reward.")
-    batch_size: int = Field(64, ge=1, description="Rows per forward pass of reward.model.")
+    batch_size: int = Field(64, ge=1, description="Completions per reward-model forward pass.")
     normalize: Literal["none", "sigmoid", "batch"] = Field("none", description="none: the raw score; sigmoid: σ(score); batch: standardised over the step's batch.")
     components: list[RewardComponentConfig] = Field(
         default_factory=list, description="Several rewards fused into one (top-level YAML key reward_components is the same); empty: the environment's reward or `model`.")
@@ -284,7 +284,7 @@ class OptimConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW's decoupled weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up from 0 to lr over these optimizer steps.")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up, to min_lr_ratio*lr at the last step.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="The learning rate at the last step, as a fraction of optim.lr (linear and cosine schedules).")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="linear and cosine: the learning rate at the last step, as a share of lr.")
     max_grad_norm: float | None = Field(1.0, gt=0, description="Clip the global gradient norm; null disables.")
     offload: bool = Field(False, description="AdamW's states and step in host memory, the device keeping weights and gradients "
                           "(scalerl/precision/offload.py); on CPU the same numbers, nothing saved.")
@@ -304,7 +304,7 @@ class TrainConfig(_Section):
     micro_batch_size: int | None = Field(None, ge=1, description="Completions per forward/backward (gradient accumulation); default: the mini-batch.")
     seed: int = Field(0, ge=0, lt=2**63, description="Seeds the run (torch, Python, the prompt order, the samplers).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads, fixed; default: torch's choice, lowered between steps to the cores other processes leave free and raised back when they finish (scalerl/trainer/core_share.py).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when a GPU is visible (a rank's local GPU under torchrun), else CPU.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: the CUDA GPU when there is one, else the CPU.")
 
 
 class PrecisionConfig(_Section):
@@ -427,7 +427,7 @@ class ReplayConfig(_Section):
 class ContinualConfig(_Section):
     """`scalerl continual` (scalerl/jobs/continual.py): new data → online evaluation → incremental RL → validation."""
 
-    data_arg: str = Field("train_file", description="The env.args key each new data file is given as (arithmetic: train_file; math: data_path).")
+    data_arg: str = Field("data_file", description="The env.args key each new data file is given as (every built-in environment's data_file).")
     steps_per_batch: int = Field(50, ge=1, description="Training steps on each new data file.")
     validate_every_s: float = Field(8 * 3600.0, gt=0, description="Validate against the held-out set once this long has passed since the last.")
     validate_every_steps: int | None = Field(None, ge=1, description="Also validate once this many training steps have passed (tests: 1).")
@@ -444,7 +444,7 @@ class CheckpointConfig(_Section):
 class LogConfig(_Section):
     run_dir: Path = Field(Path("runs"), description="Parent folder of run directories.")
     name: str | None = Field(None, description="Run name (runs/<name>); default: a timestamp.")
-    tensorboard: bool = Field(True, description="Write TensorBoard event files to the run folder (tb/).")
+    tensorboard: bool = Field(True, description="Write TensorBoard event files (the scalars, and each evaluation's sample completions as text) into the run folder.")
     console: Literal["rich", "plain", "none"] = Field("rich", description="rich: live progress bar; plain: a line per step.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Serve every step metric to Prometheus at http://metrics_host:PORT/metrics; null: off; 0: a free port (printed).")
     metrics_host: str = Field("127.0.0.1", description="Address the Prometheus endpoint binds to; 0.0.0.0 exposes it to other machines.")
@@ -481,7 +481,7 @@ class LogConfig(_Section):
 
 
 class HealthKLConfig(_Section):
-    enabled: bool = Field(True, description="The kl_explosion rule: KL above `threshold` raises β and cuts the learning rate.")
+    enabled: bool = Field(True, description="The KL rule (band and jumps); false switches it off.")
     metric: Literal["kl", "kl_seq"] = Field("kl_seq", description="The KL watched: kl = mean per-token KL; kl_seq = KL summed over each completion, averaged over completions. Needs a reference model (kl.beta > 0, kl.track, kl.max_kl or a non-fixed schedule); without one the rule is inactive.")
     band: tuple[float, float] = Field((0.5, 3.0), description="Healthy KL band [low, high]; leaving it logs a warning (once per exit; below only after health.min_history steps, as KL starts at 0).")
     explosion_factor: float = Field(3.0, gt=1, description="Explosion: KL > explosion_factor x band high ...")
@@ -505,13 +505,13 @@ class HealthNonFiniteConfig(_Section):
 
 
 class HealthCollapseConfig(_Section):
-    enabled: bool = Field(True, description="The reward_collapse rule: the reward falls far below its recent mean; the batch is dumped.")
+    enabled: bool = Field(True, description="The reward-collapse rule; false switches it off.")
     k: float = Field(5.0, ge=0, description="Collapse: reward_mean < mean - k*std of the last health.window steps (healthy 16-prompt batches dip by up to 4 std) ...")
     margin: float = Field(0.1, ge=0, description="... and below that mean by more than this (reward units). Dumps the batch to collapse/step_N.jsonl.")
 
 
 class HealthPlateauConfig(_Section):
-    enabled: bool = Field(True, description="The plateau rule: the smoothed reward has not improved for `patience` steps.")
+    enabled: bool = Field(True, description="The plateau rule; false switches it off.")
     patience: int = Field(100, ge=1, description="Alert after this many steps without a new best smoothed reward (once; a new best re-arms the alert): "
                           "a third of the default 300-step run, where healthy runs went up to 51 steps without one (5 seeds) and a frozen "
                           "policy (optim.lr=1e-12) warned at steps 130 and 208; scale it with train.steps for longer runs, whose gains come slower.")
@@ -520,7 +520,7 @@ class HealthPlateauConfig(_Section):
 
 
 class HealthGradNormConfig(_Section):
-    enabled: bool = Field(True, description="The grad_norm rule: the gradient norm far above its recent level.")
+    enabled: bool = Field(True, description="The gradient-norm spike rule; false switches it off.")
     factor: float | None = Field(5.0, gt=1, description="Warn when the (pre-clipping) gradient norm goes above this multiple of the median "
                                                          "of the last `window` steps' norms (after health.min_history steps; once per "
                                                          "excursion: it must come back under first). null: only `max`.")
@@ -532,7 +532,7 @@ class HealthGradNormConfig(_Section):
 
 
 class HealthPassRateDropConfig(_Section):
-    enabled: bool = Field(True, description="The pass_rate_drop rule: the held-out pass rate falls below its best by `drop`.")
+    enabled: bool = Field(True, description="The held-out pass-rate drop rule; false switches it off.")
     max_drop: float = Field(0.2, gt=0, description="Critical when the held-out pass rate is more than this below its best so far "
                                                    "(step 0 included) on `evals` evaluations in a row; once per best (a new best re-arms it).")
     evals: int = Field(2, ge=1, description="Consecutive evaluations that must be that low (one low evaluation is often a passing swing).")
@@ -546,7 +546,7 @@ class HealthPhaseConfig(_Section):
 
 
 class HealthNoSignalConfig(_Section):
-    enabled: bool = Field(True, description="The no_signal rule: every group's rewards equal (no learning signal) for several steps.")
+    enabled: bool = Field(True, description="The no-learning-signal rule; false switches it off.")
     steps: int = Field(5, ge=1, description="Warn once after this many steps in a row with no learning signal: every reward "
                        "of the step equal, or a zero gradient (advantages all 0, so the weights do not move).")
 

@@ -1,7 +1,7 @@
 """Built-in `arithmetic` environment: `a+b=` prompts with an exact-answer reward.
 
 Every (a, op, b) triple with operands in [min_operand, max_operand] is enumerated (operator outer,
-then a, then b), shuffled once with `random.Random(split_seed)`; the first `num_eval` are the
+then a, then b), shuffled once with `random.Random(split_seed)`; the first `eval_size` are the
 held-out set and the rest, in that shuffled order, the training pool. With the defaults (`+`
 only, operands 0-99, 200 held out, split seed 0) this is exactly the split of the CPU reference
 benchmark, so both libraries can be run on the same prompts.
@@ -16,11 +16,11 @@ from __future__ import annotations
 import operator
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scalerl.envs.base import pop_prompt
+from scalerl.envs.base import pop_prompt, renamed_args
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
 from scalerl.types import Completion, Task
@@ -32,12 +32,17 @@ MAX_PROMPTS = 10_000_000
 class ArithmeticConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spellings(cls, data: Any) -> Any:
+        return renamed_args(data, "arithmetic", {"train_file": "data_file", "num_eval": "eval_size"})
+
     min_operand: int = Field(0, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
     operators: list[Literal["+", "-", "*"]] = Field(["+"], min_length=1, description="Operators to draw from.")
-    num_eval: int = Field(200, ge=1, description="Held-out prompts for the pass rate (eval.*).")
+    eval_size: int = Field(200, ge=1, description="Held-out prompts for the pass rate (eval.*) (older name: num_eval).")
     split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training prompts.")
-    train_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated training pool.")
+    data_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated training pool (older name: train_file).")
     eval_file: Path | None = Field(None, description="JSONL of {prompt, answer} replacing the generated held-out set.")
 
     @model_validator(mode="after")
@@ -48,8 +53,8 @@ class ArithmeticConfig(BaseModel):
         if n > MAX_PROMPTS:  # every prompt is built in memory
             raise ValueError(f"operands {self.min_operand}..{self.max_operand} make {n} prompts, more than the {MAX_PROMPTS} "
                              "that are enumerated; narrow the range")
-        if self.train_file is None and self.num_eval >= n:
-            raise ValueError(f"num_eval ({self.num_eval}) leaves no training prompts out of {n}; lower it")
+        if self.data_file is None and self.eval_size >= n:
+            raise ValueError(f"eval_size ({self.eval_size}) leaves no training prompts out of {n}; lower it")
         return self
 
 
@@ -87,8 +92,8 @@ class ArithmeticEnv:
         self.config = config or ArithmeticConfig()
         c = self.config
         tasks = arithmetic_tasks(c.min_operand, c.max_operand, c.operators, c.split_seed)
-        self._eval = read_tasks(c.eval_file, "env.args.eval_file") if c.eval_file else tasks[: c.num_eval]
-        self._train = read_tasks(c.train_file, "env.args.train_file") if c.train_file else tasks[c.num_eval :]
+        self._eval = read_tasks(c.eval_file, "env.args.eval_file") if c.eval_file else tasks[: c.eval_size]
+        self._train = read_tasks(c.data_file, "env.args.data_file") if c.data_file else tasks[c.eval_size :]
 
     def train_tasks(self) -> list[Task]:
         return self._train

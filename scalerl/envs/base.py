@@ -31,13 +31,36 @@ as `module:Class`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel
 
 from scalerl.errors import ScaleRLError
 from scalerl.types import Completion, Task
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str]] = set()
+
+def renamed_args(data: Any, env: str, renames: dict[str, str]) -> Any:
+    """One spelling per concept across the environments: the data file is `data_file` (older: train_file, data_path,
+    file), the held-out count `eval_size` (older: num_eval; a share: `eval_fraction`).
+    env.args with an older spelling moved to its one name (a `mode="before"` validator of an environment's Config);
+    a deprecation warning names the new key, once per process; both spellings at once is an error."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    for old, new in renames.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(f"env.args.{old} and env.args.{new} are the same option ({old} is its older name); keep {new}")
+        data[new] = data.pop(old)
+        if (env, old) not in _WARNED:
+            _WARNED.add((env, old))
+            log.warning("env.args.%s is deprecated (environment %s): use env.args.%s", old, env, new)
+    return data
 
 
 class Environment(Protocol):

@@ -11,7 +11,7 @@ answer and ends the episode. A full episode with a tool call reads, EOS shown as
 Everything stays in the built-in character vocabulary, and with `rollout.max_new_tokens` 8 and
 `rollout.max_turns` 2 the whole sequence is at most 1 + 6 + 8 + 8 + 8 = 31 of the built-in model's
 64 positions. The triples are enumerated and split as in `arithmetic`: one shuffle with
-`random.Random(split_seed)`, the first `num_eval` held out.
+`random.Random(split_seed)`, the first `eval_size` held out.
 
 Reward (binary): 1.0 iff the policy's final turn is exactly the answer, ended by EOS.
 """
@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from scalerl.envs.arithmetic import arithmetic_tasks
+from scalerl.envs.base import renamed_args
 from scalerl.types import Completion, Task
 
 TOOL_CALL = re.compile(r"c:(\d{1,6}(?:[+*-]\d{1,6})*)=?")
@@ -33,10 +34,15 @@ TOOL_CALL = re.compile(r"c:(\d{1,6}(?:[+*-]\d{1,6})*)=?")
 class CalculatorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spellings(cls, data: Any) -> Any:
+        return renamed_args(data, "calculator", {"num_eval": "eval_size"})
+
     min_operand: int = Field(10, ge=0, description="Smallest operand.")
     max_operand: int = Field(99, ge=0, description="Largest operand.")
     operators: list[Literal["+", "-", "*"]] = Field(["*"], min_length=1, description="Operators to draw the tasks from.")
-    num_eval: int = Field(200, ge=1, description="Held-out prompts for the greedy pass rate.")
+    eval_size: int = Field(200, ge=1, description="Held-out prompts for the greedy pass rate (older name: num_eval).")
     split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training prompts.")
 
     @model_validator(mode="after")
@@ -44,8 +50,8 @@ class CalculatorConfig(BaseModel):
         if self.max_operand < self.min_operand:
             raise ValueError(f"max_operand ({self.max_operand}) must be >= min_operand ({self.min_operand})")
         n = (self.max_operand - self.min_operand + 1) ** 2 * len(self.operators)
-        if self.num_eval >= n:
-            raise ValueError(f"num_eval ({self.num_eval}) leaves no training prompts out of {n}; lower it")
+        if self.eval_size >= n:
+            raise ValueError(f"eval_size ({self.eval_size}) leaves no training prompts out of {n}; lower it")
         return self
 
 
@@ -72,7 +78,7 @@ class CalculatorEnv:
         self.config = config or CalculatorConfig()
         c = self.config
         tasks = arithmetic_tasks(c.min_operand, c.max_operand, c.operators, c.split_seed)
-        self._eval, self._train = tasks[: c.num_eval], tasks[c.num_eval:]
+        self._eval, self._train = tasks[: c.eval_size], tasks[c.eval_size:]
 
     def train_tasks(self) -> list[Task]:
         return self._train

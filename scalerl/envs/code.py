@@ -27,11 +27,11 @@ import re
 import secrets
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scalerl.envs.base import pop_prompt
+from scalerl.envs.base import pop_prompt, renamed_args
 from scalerl.envs.sandbox import run_sandboxed
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
@@ -73,8 +73,13 @@ DATA_FILE = "code_tasks.jsonl"
 class CodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data_path: Path | None = Field(None, description="JSONL of {prompt, tests: [assert ...], entry_point?}; "
-                                                     "default: the 40 built-in tasks.")
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spellings(cls, data: Any) -> Any:
+        return renamed_args(data, "code", {"data_path": "data_file"})
+
+    data_file: Path | None = Field(None, description="JSONL of {prompt, tests: [assert ...], entry_point?}; "
+                                                     "default: the 40 built-in tasks (older name: data_path).")
     eval_fraction: float = Field(0.25, gt=0, lt=1, description="Share of tasks held out for the greedy pass rate.")
     split_seed: int = Field(0, description="Seed of the one shuffle that splits held-out from training tasks.")
     prompt_suffix: str = Field("\n", description="Appended to every string prompt (e.g. a chat turn marker); "
@@ -94,8 +99,8 @@ def read_code_tasks(path: Path, suffix: str = "") -> list[Task]:
     `entry_point` (str); any other field goes to `meta` too. `suffix` ends a string prompt; messages
     go into `meta["messages"]` as they are, for the chat template to mark the turns."""
     tasks = []
-    for i, row in read_objects(path, expected="'prompt' and 'tests'", where="env.args.data_path"):
-        prompt, tests = pop_prompt(row, f"env.args.data_path: {path}:{i}"), row.get("tests")
+    for i, row in read_objects(path, expected="'prompt' and 'tests'", where="env.args.data_file"):
+        prompt, tests = pop_prompt(row, f"env.args.data_file: {path}:{i}"), row.get("tests")
         if prompt is None or not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
             raise ScaleRLError(f"{path}:{i}: 'prompt' must be a string or a list of messages and 'tests' a non-empty list of strings")
         if not isinstance(row.get("entry_point", ""), str):
@@ -145,13 +150,13 @@ class CodeEnv:
     def __init__(self, config: CodeConfig | None = None):
         self.config = config or CodeConfig()
         c = self.config
-        if c.data_path is not None:
-            tasks = read_code_tasks(c.data_path, c.prompt_suffix)
+        if c.data_file is not None:
+            tasks = read_code_tasks(c.data_file, c.prompt_suffix)
         else:
             with resources.as_file(resources.files("scalerl.envs") / "data" / DATA_FILE) as path:
                 tasks = read_code_tasks(path, c.prompt_suffix)
         if len(tasks) < 2:
-            raise ScaleRLError(f"env.args.data_path: {len(tasks)} task cannot be split into training and held-out sets; add more")
+            raise ScaleRLError(f"env.args.data_file: {len(tasks)} task cannot be split into training and held-out sets; add more")
         random.Random(c.split_seed).shuffle(tasks)
         n_eval = min(len(tasks) - 1, max(1, round(c.eval_fraction * len(tasks))))
         self._eval, self._train = tasks[:n_eval], tasks[n_eval:]

@@ -1,6 +1,6 @@
 """Built-in `math` environment: prompts with a gold answer, judged for equivalence by math-verify.
 
-Data: a JSONL file (`data_path`, one JSON object per line) or a Hugging Face dataset (`hf_dataset`:
+Data: a JSONL file (`data_file`, one JSON object per line) or a Hugging Face dataset (`hf_dataset`:
 a local folder written by `save_to_disk`, or a hub name, with `split`); the prompt and the gold
 answer are read from the `prompt_column` and `answer_column` columns (other JSONL fields go to
 `Task.meta`). With neither, the shipped `data/math_small.jsonl` (324 short problems made by
@@ -36,8 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from scalerl.envs.base import conversational_prompt
-from scalerl.types import Completion, Task
+from scalerl.envs.base import conversational_prompt, renamed_args
 from scalerl.envs.math_answers import (
     answers_match,
     is_numeric_answer,
@@ -47,6 +46,7 @@ from scalerl.envs.math_answers import (
 from scalerl.envs.shaping import ShapingConfig, import_partial_credit, shaped_reward
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
+from scalerl.types import Completion, Task
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "math_small.jsonl"
 
@@ -54,7 +54,12 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "math_small.jsonl"
 class MathConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data_path: Path | None = Field(None, description="JSONL file of problems; default: the shipped data/math_small.jsonl.")
+    @model_validator(mode="before")
+    @classmethod
+    def _older_spellings(cls, data: Any) -> Any:
+        return renamed_args(data, "math", {"data_path": "data_file", "num_eval": "eval_size"})
+
+    data_file: Path | None = Field(None, description="JSONL file of problems; default: the shipped data/math_small.jsonl (older name: data_path).")
     hf_dataset: str | None = Field(None, description="A Hugging Face dataset: a save_to_disk folder or a hub name (needs `datasets`).")
     split: str = Field("train", description="Split of hf_dataset to read (ignored for a folder holding a single split).")
     eval_split: str | None = Field(None, description="Split of hf_dataset for the held-out set; default: carve eval_size rows out of `split`.")
@@ -76,8 +81,8 @@ class MathConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> MathConfig:
-        if self.data_path is not None and self.hf_dataset is not None:
-            raise ValueError("give data_path or hf_dataset, not both")
+        if self.data_file is not None and self.hf_dataset is not None:
+            raise ValueError("give data_file or hf_dataset, not both")
         if self.eval_split is not None and self.hf_dataset is None:
             raise ValueError("eval_split needs hf_dataset (a JSONL file has no splits)")
         return self
@@ -86,7 +91,7 @@ class MathConfig(BaseModel):
 def read_jsonl_rows(path: Path, columns: tuple[str, str]) -> list[dict[str, Any]]:
     """The JSON objects of a JSONL file, each checked to hold both `columns`."""
     rows = []
-    for i, row in read_objects(path, expected=f"'{columns[0]}' and '{columns[1]}'", where="env.args.data_path"):
+    for i, row in read_objects(path, expected=f"'{columns[0]}' and '{columns[1]}'", where="env.args.data_file"):
         for key, column in zip(("prompt_column", "answer_column"), columns):
             if column not in row:
                 raise ScaleRLError(f"env.args.{key}: column '{column}' is missing from {path}:{i} "
@@ -105,7 +110,7 @@ def read_hf_rows(name: str, split: str, columns: tuple[str, str], split_key: str
         import datasets
     except ImportError:
         raise ScaleRLError("env.args.hf_dataset: needs the optional 'datasets' package; "
-                           "pip install 'scalerl[datasets]', or use env.args.data_path with a JSONL file") from None
+                           "pip install 'scalerl[datasets]', or use env.args.data_file with a JSONL file") from None
     where = f"{name} split '{split}'"
     if Path(name).is_dir():
         try:
@@ -154,7 +159,7 @@ class MathEnv:
             rows = read_hf_rows(c.hf_dataset, c.split, columns)
             eval_rows = read_hf_rows(c.hf_dataset, c.eval_split, columns, "eval_split") if c.eval_split else None
         else:
-            rows, eval_rows = read_jsonl_rows(c.data_path or DEFAULT_DATA, columns), None
+            rows, eval_rows = read_jsonl_rows(c.data_file or DEFAULT_DATA, columns), None
         tasks = [self._task(r) for r in rows]
         if eval_rows is not None:
             self._eval, self._train = [self._task(r) for r in eval_rows[: c.eval_size]], tasks

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any
 
@@ -34,10 +35,16 @@ def resolve_env_class(name: str) -> type:
     return cls
 
 
-def _env_args_error(err: ValidationError) -> ScaleRLError:
+def _env_args_error(err: ValidationError, name: str, config_cls: type) -> ScaleRLError:
+    """One line naming the key; an unknown key gets the nearest allowed one and the list of allowed keys."""
     first = err.errors()[0]
     where = ".".join(["env.args", *(str(p) for p in first["loc"])])
-    return ScaleRLError(f"{where}: {first['msg']}")
+    if first["type"] != "extra_forbidden" or len(first["loc"]) != 1:
+        return ScaleRLError(f"{where}: {first['msg']}")
+    allowed = list(config_cls.model_fields)
+    close = difflib.get_close_matches(str(first["loc"][0]), allowed, n=1, cutoff=0.6)
+    hint = f"; did you mean `env.args.{close[0]}`?" if close else ""
+    return ScaleRLError(f"{where}: unknown option of environment {name}{hint}; allowed: {', '.join(allowed)}")
 
 
 def _first_line(err: Exception) -> str:
@@ -54,7 +61,7 @@ def validate_env_args(name: str, args: dict[str, Any]) -> None:
     try:
         config_cls.model_validate(args)
     except ValidationError as err:
-        raise _env_args_error(err) from None
+        raise _env_args_error(err, name, config_cls) from None
     except Exception as err:  # a plug-in's own validator that raised something else than ValueError
         raise ScaleRLError(f"env.args: {name}'s Config raised {type(err).__name__}: {_first_line(err)}") from err
 
@@ -89,7 +96,7 @@ def build_env(name: str, args: dict[str, Any]) -> Environment:
     except ScaleRLError:
         raise
     except ValidationError as err:
-        raise _env_args_error(err) from None
+        raise _env_args_error(err, name, config_cls) from None
     except Exception as err:
         raise ScaleRLError(f"env.name={name}: building the environment raised {type(err).__name__}: {_first_line(err)}; "
                            "fix the environment or env.args") from err

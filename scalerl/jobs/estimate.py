@@ -108,11 +108,12 @@ def model_shape(cfg, model_size: str | None):
     return MODEL_PRESETS[model_size.lower()] if model_size else shape_of_model_path(cfg.model.path)
 
 
-def precision_mode(cfg, precision: str | None) -> str:
-    """--precision (bf16, fp8: the older names of its modes), else the config's precision.mode."""
+def precision_override(precision: str) -> str:
+    """--precision X as the override it stands for (precision.mode=X, older names mapped): the mode's defaults, e.g.
+    compressed's gradient checkpointing, then apply as they do for --set precision.mode=X."""
     from scalerl.predict.memory import LEGACY_NAMES
 
-    return LEGACY_NAMES.get(precision, precision) if precision else cfg.precision.mode
+    return f"precision.mode={LEGACY_NAMES.get(precision, precision)}"
 
 
 def component_memory(cfg, shape, mode: str, optim_8bit: bool, prompt_tokens: int) -> dict[str, float]:

@@ -73,6 +73,11 @@ class MetricsLogger:
             sink.log(step, metrics)
         self._forward_events()
 
+    def text(self, step: int, tag: str, text: str) -> None:
+        """A text entry in TensorBoard (sample completions), when TensorBoard is on."""
+        if self._tb is not None:
+            self._tb.add_text(tag, text, step)
+
     def _forward_events(self) -> None:
         if self._sinks and (rows := self._events.read_new()):
             for sink in self._sinks:
@@ -93,6 +98,9 @@ class NullLogger:
     """What ranks other than 0 log to."""
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        pass
+
+    def text(self, step: int, tag: str, text: str) -> None:
         pass
 
     def close(self) -> None:

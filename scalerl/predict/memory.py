@@ -253,5 +253,13 @@ def gpus_needed(mem: dict[str, float], gpu_mem_gb: float, *, usable: float = 0.9
     return max(n, 1) if n <= max_gpus else None
 
 
+def per_gpu_bytes(mem: dict[str, float], gpus: int, strategy: str) -> float:
+    """The peak of one GPU among `gpus` under parallel.strategy: fsdp2 shards the states (weights, gradients,
+    moments, reference, critic) and the optimizer step's temporaries over the GPUs; ddp, dynamic and none keep
+    the whole model on each. Activations and KV cache are per process either way (each samples its own prompts)."""
+    share = gpus if strategy == "fsdp2" else 1
+    return mem["states"] / share + max(mem["activations"] + mem["backward_transient"], mem["kv_cache"], mem["optimizer_step"] / share)
+
+
 def shape_dict(shape: ModelShape) -> dict:
     return {**asdict(shape), "params": shape.params}

@@ -10,6 +10,9 @@ e.g. `samples/step_000050.jsonl`), one JSON object per completion, in batch orde
 the update used (after the cap and the diversity penalty); `extra` adds per-sample columns (e.g.
 `diversity_similarity`). The file is written to a temporary name and renamed, so a reader never
 sees half a dump. Rank 0 writes; other ranks' samples are not dumped.
+
+Every evaluation also writes a few of its completions (prompt, completion without special tokens, score)
+to `samples/eval_step_NNNNNN.jsonl` (`write_eval_samples`), whatever `reward.dump_every` is.
 """
 
 from __future__ import annotations
@@ -21,6 +24,14 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from scalerl.files import write_atomically
+
+
+def write_eval_samples(run_dir: Path, step: int, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """A few completions of the evaluation after `step` steps (prompt, completion, score), to samples/eval_step_NNNNNN.jsonl."""
+    path = Path(run_dir) / "samples" / f"eval_step_{step:06d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, "".join(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n" for row in rows))
+    return path
 
 
 def dump_due(step: int, every: int) -> bool:

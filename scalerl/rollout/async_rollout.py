@@ -211,6 +211,11 @@ class AsyncRollout:
         """On the local worker, which runs the learner's own modules: the newest weights, not the producer's."""
         return self.local.evaluate(step)
 
+    @property
+    def last_eval_samples(self) -> list[dict] | None:
+        """A few completions of the last evaluation (the local worker's)."""
+        return getattr(self.local, "last_eval_samples", None)
+
     def save_files(self, folder: Path, rank: int) -> None:
         """Nothing: the producer's state travels with each batch (`state_dict`); replay runs synchronously only."""
 

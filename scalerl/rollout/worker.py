@@ -117,8 +117,9 @@ class RolloutWorker:
         ev = self.evaluation
         tasks = self.env.eval_tasks()[: ev.max_tasks]
         seeds = [derive_seed(self.seed, "eval", step, i) for i in range(len(tasks))] if ev.params.temperature > 0 else None
+        self.last_eval_samples: list[dict] = []  # a few of this evaluation's completions, for a reader (trainer/bookkeeping.py)
         return pass_rate(self.env, tasks, self.sampler, self.tokenizer, ev.params, seeds, ctx=self.ctx, batch_size=ev.batch_size,
-                         max_turns=self.max_turns, scorer=ev.scorer, encode=self.encode)
+                         max_turns=self.max_turns, scorer=ev.scorer, encode=self.encode, samples=self.last_eval_samples)
 
     def save_files(self, folder: Path, rank: int) -> None:
         if self.replay is not None:

@@ -23,6 +23,7 @@ from scalerl.monitor.events import Event
 from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
 from scalerl.predict.time_estimate import TimeEstimator
+from scalerl.rewards.dump import write_eval_samples
 from scalerl.rollout.base import RolloutSide
 from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.health_guard import HealthGuard
@@ -100,9 +101,22 @@ class Bookkeeping:
             self.loop_start = time.perf_counter()
         self.state["last_pass_rate"] = self.console.pass_rate = pass_rate
         self.times["eval_time_s"] += seconds
+        self.show_samples(step)
         if step == 0:
             return self.health.check_pass_rate(0, pass_rate)  # the best so far starts at the untrained model's
         return {"eval/pass_rate": pass_rate, "eval_time_s": seconds, **self.health.check_pass_rate(step, pass_rate)}
+
+    def show_samples(self, step: int) -> None:
+        """A few of the evaluation's completions (special tokens dropped): on the console, in TensorBoard's text tab and
+        in samples/eval_step_NNNNNN.jsonl (rank 0's)."""
+        samples = getattr(self.rollout, "last_eval_samples", None)
+        if not samples or not self.ctx.is_main:
+            return
+        write_eval_samples(self.run_dir, step, samples)
+        lines = [f"{s['prompt'][-60:]!r} -> {s['completion'][:80]!r} (score {s['score']:.3g})" for s in samples]
+        self.logger.text(step, "eval/samples", "\n\n".join(lines))
+        for line in lines:
+            self.console.print(f"eval sample (step {step}): {line}")
 
     def threads(self) -> int:
         return self.share.update() if self.share is not None else torch.get_num_threads()

@@ -112,7 +112,7 @@ def test_train_file_only_keeps_generated_eval(tmp_path):
     train = _write_jsonl(tmp_path / "train.jsonl", [{"prompt": "1+1=", "answer": "2"}])
     env = ArithmeticEnv(ArithmeticConfig(train_file=train))
     assert len(env.train_tasks()) == 1
-    assert len(env.eval_tasks()) == ArithmeticConfig().num_eval  # still generated
+    assert len(env.eval_tasks()) == ArithmeticConfig().eval_size  # still generated
 
 
 def test_missing_task_file(tmp_path):

@@ -51,6 +51,6 @@ def test_split_vocabulary_and_registration():
     assert all(int(a) * int(b) == int(t.answer) for t in train for a, b in [t.prompt[:-1].split("*")])
     # Prompts, tool calls and observations stay inside the built-in character vocabulary.
     assert set("".join(t.prompt for t in train) + "c:12*34=" + tool_result("c:99*99") + "=? A:") <= set(VOCAB)
-    with pytest.raises(ScaleRLError, match="env.args: .*num_eval \\(8100\\)"):
+    with pytest.raises(ScaleRLError, match="env.args: .*eval_size \\(8100\\)"):
         validate_env_args("calculator", {"num_eval": 8100})
     assert CalculatorConfig().operators == ["*"]

@@ -204,12 +204,12 @@ def test_jsonl_data_with_custom_columns(tmp_path):
 
 
 @pytest.mark.parametrize("content, needles", [
-    (None, ["env.args.data_path", "missing.jsonl", "does not exist"]),
+    (None, ["env.args.data_file", "missing.jsonl", "does not exist"]),
     ([{"prompt": "1+1="}], ["env.args.answer_column", "column 'answer'", "d.jsonl:1", "it has: prompt"]),
     ([{"prompt": "1+1=", "answer": "2"}, {"answer": "3"}], ["env.args.prompt_column", "column 'prompt'", "d.jsonl:2"]),
-    ([], ["env.args.data_path", "d.jsonl", "holds no rows"]),
-    (["{not json"], ["env.args.data_path", "d.jsonl:1: not valid JSON"]),
-    (["[1, 2]"], ["env.args.data_path", "d.jsonl:1: not a JSON object"]),
+    ([], ["env.args.data_file", "d.jsonl", "holds no rows"]),
+    (["{not json"], ["env.args.data_file", "d.jsonl:1: not valid JSON"]),
+    (["[1, 2]"], ["env.args.data_file", "d.jsonl:1: not a JSON object"]),
     (_rows(5), ["env.args.eval_size", "leaves no training problems out of 5"]),
 ])
 def test_jsonl_errors_are_one_line_and_name_the_file(tmp_path, content, needles):
