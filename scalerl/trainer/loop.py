@@ -24,6 +24,7 @@ from scalerl.models.loading import load_tokenizer
 from scalerl.rollout.async_rollout import ProducerProcess
 from scalerl.trainer.bookkeeping import Bookkeeping, finished_summary
 from scalerl.trainer.persist import restore
+from scalerl.trainer.run_lock import RunLock
 from scalerl.trainer.setup import build_roles
 from scalerl.trainer.signals import GracefulStop
 from scalerl.trainer.step import train_step
@@ -38,8 +39,8 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
     check_once(config)
     ctx = init_distributed(config.train.device)
     try:
-        with GracefulStop() as stop:
-            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer)
+        with GracefulStop() as stop, RunLock() as lock:  # one run per folder, for the run's life (run_lock.py)
+            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer, lock)
             try:
                 warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
                 state = restore(rollout, learner, ctx, run_dir, config.train.seed, warn) if resume else {"step": 0}
