@@ -4,6 +4,7 @@ between the two roles' work; it decides nothing about learning."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -64,10 +65,14 @@ class Bookkeeping:
     def __enter__(self) -> "Bookkeeping":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.health.close()
-        self.console.close()
-        self.logger.close()
+    def __exit__(self, kind: type | None, *exc: Any) -> None:
+        # after a failed write (a read-only or full disk) closing fails again: the first fault is the one reported
+        with contextlib.suppress(OSError) if kind is not None else contextlib.nullcontext():
+            try:
+                self.health.close()
+                self.console.close()
+            finally:
+                self.logger.close()
 
     def evaluated(self, step: int, pass_rate: float, seconds: float = 0.0) -> dict[str, float]:
         """Record a held-out pass rate (step 0: the untrained model's); returns the step's eval and health metrics."""
