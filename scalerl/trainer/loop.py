@@ -20,6 +20,7 @@ from typing import Any
 from scalerl.config import Config
 from scalerl.config.checks import check_once
 from scalerl.distributed.context import init_distributed, shutdown
+from scalerl.errors import RewardsFailing
 from scalerl.models.loading import load_tokenizer
 from scalerl.rollout.async_rollout import ProducerProcess
 from scalerl.trainer.bookkeeping import Bookkeeping, finished_summary
@@ -53,7 +54,10 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
                         if (signum := stop.requested(ctx)) is not None:
                             book.stop(signum, step - 1)  # checkpoints the last finished step, raises Stopped
                         threads = book.threads()
-                        batch, metrics = train_step(rollout, learner, step, ctx)
+                        try:
+                            batch, metrics = train_step(rollout, learner, step, ctx)
+                        except RewardsFailing as failing:  # reward.failures: checkpoint, a critical event, one line
+                            book.halt(step - 1, failing)
                         final = step == config.train.steps
                         evaluating = final or bool(config.eval.every and step % config.eval.every == 0)
                         saving = (bool(config.checkpoint.every and step % config.checkpoint.every == 0)
