@@ -38,7 +38,7 @@ def ext4(tmp_path):
             pytest.skip("this kernel has no ext4 trigger_fs_error to turn the file system read-only")
         yield disk, Path("/sys/fs/ext4") / next(iter(new))
     finally:
-        _run("umount", str(disk))
+        _run("umount", "-l", str(disk))  # lazy: a file a failed test left open must not keep it
 
 
 @pytest.mark.slow
@@ -74,3 +74,34 @@ def test_a_refused_write_outside_a_save_is_one_line_and_exit_2(capsys, fault, co
     assert err.startswith("error: cannot ") and f"runs/r/tensorboard ([Errno {code}] {os.strerror(code)})" in err
     fault("disk", f"{errno.errorcode[code]} from a write without a file name (TensorBoard's writer thread)",
           f"exit 2, one line: {err}")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a thread's traceback fails it
+def test_tensorboard_failing_in_its_thread_is_reported_once_naming_the_folder(ext4, capfd, fault):
+    import time
+
+    from scalerl.monitor.metrics import MetricsLogger
+
+    disk, sysfs = ext4
+    logger = MetricsLogger(disk, tensorboard=True)
+    # TensorBoard's thread flushes every 120 s: make it flush at every write, as a run longer than that meets it
+    logger._tb._get_file_writer().event_writer._async_writer._worker._flush_secs = 0
+    logger.log(1, {"loss": 1.0})
+    (sysfs / "trigger_fs_error").write_text("scalerl fault test\n")
+    seen = []
+    for step in range(2, 50):  # metrics.jsonl fails at once; TensorBoard in its thread, or at the latest when it closes
+        try:
+            logger.log(step, {"loss": 1.0})
+        except OSError as err:
+            seen.append(err)
+        time.sleep(0.01)
+    try:
+        logger.close()
+    except OSError as err:
+        seen.append(err)
+    assert seen and all(err.errno == errno.EROFS and err.filename for err in seen), seen
+    named = sorted({Path(err.filename).name for err in seen})
+    printed = capfd.readouterr().err
+    assert "Traceback" not in printed and "Exception in thread" not in printed, printed
+    fault("disk", "metrics.jsonl and TensorBoard's writer (its own thread) on a file system turned read-only",
+          f"every OSError names its path ({', '.join(named)}); no thread traceback printed")
