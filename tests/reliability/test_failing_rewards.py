@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import ROOT, tiny_overrides
-from faults_common import run_cli_train
 from scalerl.config import load_config
 from scalerl.errors import RewardsFailing
 from scalerl.jsonl import read_metrics
@@ -34,9 +35,6 @@ def test_a_reward_raising_on_every_call_stops_the_run_in_one_line(runs, fault):
         {"name": "exact", "env": True}, {"name": "bad", "function": "bad_scores:raises"}]})
     args = [a for k, v in over.items() for a in ("--set", f"{k}={json.dumps(v) if isinstance(v, list) else v}")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{HERE}{os.pathsep}{ROOT}"}
-    import subprocess
-    import sys
-
     got = subprocess.run([sys.executable, "-m", "scalerl.cli.main", "train", *args], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=300)
     errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
