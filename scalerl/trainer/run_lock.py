@@ -28,14 +28,19 @@ class RunLock:
     def __init__(self) -> None:
         self.fd: int | None = None
         self.path: Path | None = None
-        self.created_dir = False
+        self.created: list[Path] = []  # the folders `take` made, innermost first: a run that could not start leaves none
 
     def take(self, run_dir: Path) -> None:
-        self.created_dir = not run_dir.exists()
+        missing = [run_dir, *run_dir.parents]
+        self.created = missing[: next(i for i, p in enumerate(missing) if p.exists())]
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / LOCK_FILE
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:  # a run that could not start removed the folder it had made: make it again
+                run_dir.mkdir(parents=True, exist_ok=True)
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -50,15 +55,17 @@ class RunLock:
         self.fd, self.path = fd, path
 
     def release(self) -> None:
-        """Unlink the file and let go; a folder this lock created and nothing else wrote into goes too."""
+        """Unlink the file and let go; the folders this lock created that nothing else wrote into go too."""
         if self.fd is None:
             return
         path, fd = self.path, self.fd
         self.fd = None
         try:
             path.unlink(missing_ok=True)
-            if self.created_dir and not any(path.parent.iterdir()):
-                path.parent.rmdir()  # a run that could not start leaves nothing
+            for folder in self.created:  # a run that could not start leaves nothing
+                if any(folder.iterdir()):
+                    break
+                folder.rmdir()
         except OSError:
             pass  # a read-only folder: the kernel still drops the lock below, and a stale file never blocks
         finally:
