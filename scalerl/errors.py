@@ -11,6 +11,15 @@ class ScaleRLError(Exception):
     """
 
 
+class RewardsFailing(ScaleRLError):
+    """A reward component (or the environment's score) failed on too many items (reward.failures); the training job
+    checkpoints the last finished step, records a critical health event and stops with this one line."""
+
+    def __init__(self, message: str, component: str = "", share: float = 0.0):
+        super().__init__(message)
+        self.component, self.share = component, share
+
+
 class Stopped(Exception):
     """The run stopped on a signal (SIGTERM, SIGINT) after `step`, its checkpoint written (`checkpoint`:
     its folder; None when no step had run). `scalerl/trainer/signals.py` raises it."""

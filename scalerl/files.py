@@ -4,8 +4,10 @@ Imports nothing of the project."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
+from typing import Iterator
 
 
 def fsync_dir(folder: Path | str) -> None:
@@ -34,3 +36,16 @@ def write_atomically(path: Path | str, data: str | bytes, *, sync_folder: bool =
         raise
     if sync_folder:
         fsync_dir(path.parent)
+
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """`with writing(path): f.write(...)`: an OSError without a file name (a buffered write, a flush, a background
+    writer's) is raised again naming `path`, so the run's one-line error says which file failed."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None or err.filename:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err

@@ -141,3 +141,14 @@ class ScoredBatch:
 
     def __len__(self) -> int:
         return len(self.rollout)
+
+
+def as_score(value: Any) -> float:
+    """A score returned by user code (an environment, a reward function) as a float; NaN for what is not a number
+    (None, a string, a list), which the caller counts as a failure and names, like a NaN or an inf."""
+    if isinstance(value, (str, bytes)):
+        return float("nan")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")

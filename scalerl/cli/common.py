@@ -24,10 +24,15 @@ def setup_logging() -> None:
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
+# what the disk under a run can refuse mid-run: full, over quota, read-only (a remount), an I/O error, a file too
+# big, permissions taken away (only with a file name: without one it is more likely a bug than the folder)
+WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM)
+
+
 @contextlib.contextmanager
 def guarded(debug: bool) -> Iterator[None]:
     """Around a command's work: a ScaleRLError becomes `error: <message>` on stderr and exit code 2
-    (traceback only with --debug), and so does a full disk. A run stopped by SIGTERM/SIGINT (`Stopped`,
+    (traceback only with --debug), and so does a write the disk refuses (full, read-only, an I/O error: `WRITE_FAULTS`). A run stopped by SIGTERM/SIGINT (`Stopped`,
     after its checkpoint) exits with 128 + the signal's number; a second signal (KeyboardInterrupt) with
     130. Anything else is a bug in ScaleRL and keeps its traceback: a broken pipe (EPIPE) too, printed
     here with exit code 1, unless it is stdout's reader that went away (`scalerl ... | head`).
@@ -47,11 +52,17 @@ def guarded(debug: bool) -> Iterator[None]:
             # click it would exit 1 without a word; only a reader of our stdout gone (`| head`) is quiet.
             traceback.print_exc()
             raise SystemExit(1) from None
-        if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if err.errno not in WRITE_FAULTS or (err.errno in (errno.EACCES, errno.EPERM) and not err.filename):
             raise
         if debug:
             traceback.print_exc()
-        print(f"error: disk full writing {err.filename or 'a file'} ({err.strerror}); free space, then resume with --resume", file=sys.stderr)
+        what = f"[Errno {err.errno}] {err.strerror}"
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            print(f"error: disk full writing {err.filename or 'a file'} ({what}); free space, then resume with --resume", file=sys.stderr)
+        else:
+            verb = "cannot write" if err.errno in (errno.EROFS, errno.EFBIG) else "cannot use"
+            print(f"error: {verb} {err.filename or 'a file'} ({what}); a run writing there stopped and its newest complete checkpoint "
+                  "is intact: make the folder writable, then resume with --resume", file=sys.stderr)
         raise SystemExit(2) from None
     except Stopped as stop:
         print(f"{stop}; resume with --resume", file=sys.stderr)

@@ -72,9 +72,13 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 LEGACY_PRECISION = {"fp32": "fp32", "bf16": "standard", "fp8": "aggressive"}
 
 
+# The source documents' spelling of two reward keys, at the top level.
+TOP_LEVEL_REWARD_KEYS = {"reward_components": "reward.components", "fusion_method": "reward.fusion"}
+
+
 def top_level_reward_keys(data: Any) -> Any:
     """The source documents' spelling: top-level `reward_components` and `fusion_method`."""
-    moved = {"reward_components": "components", "fusion_method": "fusion"}
+    moved = {top: key.removeprefix("reward.") for top, key in TOP_LEVEL_REWARD_KEYS.items()}
     if not isinstance(data, dict) or not any(k in data for k in moved) or not isinstance(data.get("reward", {}), dict):
         return data
     data, reward = dict(data), dict(data.get("reward") or {})

@@ -247,6 +247,16 @@ class RewardCapConfig(_Section):
         return self
 
 
+class RewardFailuresConfig(_Section):
+    """When failing rewards stop the run. A component (or the environment's own score) fails on an item when it raises,
+    times out, dies, or returns None, NaN, ±inf or a non-number: the item gets the fallback and counts in
+    `reward/<name>_failures`; `reward/failed_share` is the largest share of a step's items any of them failed on."""
+
+    stop_when_all_fail: bool = Field(True, description="Stop the run (after a checkpoint) at the first step on which a component fails on every item.")
+    share: float = Field(0.5, gt=0, le=1, description="A step counts as failing for a component above this share of failed items.")
+    steps: int = Field(3, ge=1, description="Stop the run (after a checkpoint) after this many failing steps in a row of one component.")
+
+
 class RewardConfig(_Section):
     model: str | None = Field(None, description="A sequence-classification reward model folder (e.g. from `scalerl train-rm`); null uses the environment's reward.")
     batch_size: int = Field(64, ge=1, description="Completions per reward-model forward pass.")
@@ -262,6 +272,7 @@ class RewardConfig(_Section):
     cap: RewardCapConfig = Field(default_factory=RewardCapConfig)
     dump_every: int = Field(0, ge=0, description="Write the step's samples (prompt, completion, component scores, fused and final reward) to samples/step_NNNNNN.jsonl every N steps; 0: never.")
     num_workers: int = Field(0, ge=0, description="Worker processes that compute the environment's score (and other per-sample scorers given to the pool), several jobs at once; 0 or 1: in the trainer's process.")
+    failures: RewardFailuresConfig = Field(default_factory=RewardFailuresConfig)
 
     @model_validator(mode="after")
     def _check_components(self) -> "RewardConfig":

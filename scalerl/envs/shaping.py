@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scalerl.plugins import import_function
+from scalerl.types import as_score
 
 PartialCredit = Callable[[Any, Any], float]
 
@@ -56,4 +57,4 @@ def unshaped_score(env: Any, task: Any, completion: Any) -> float:
     """The score a pass rate averages: `env.correct(task, completion)` for an environment that shapes
     its training reward (it defines `correct`), else `env.score(task, completion)`."""
     correct = getattr(env, "correct", None)  # optional method of the Environment protocol (base.py)
-    return float(correct(task, completion) if correct is not None else env.score(task, completion))
+    return as_score(correct(task, completion) if correct is not None else env.score(task, completion))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from scalerl.files import writing
 from scalerl.jsonl import read_log, write_log_atomically
 
 SEVERITIES = ("info", "warning", "critical")
@@ -89,7 +90,8 @@ class EventLog:
         if not self.write:
             return
         payload = event.to_json()
-        self._file.write(json.dumps(payload) + "\n")
+        with writing(self.path):
+            self._file.write(json.dumps(payload) + "\n")
         self.printer(event.line())
         if self.webhook_url and event.is_alert:
             try:
@@ -108,4 +110,5 @@ class EventLog:
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            with writing(self.path):
+                self._file.close()

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
+from scalerl.files import writing
 from scalerl.jsonl import read_log, write_log_atomically
 from scalerl.monitor.sinks import Sink
 
@@ -52,10 +54,12 @@ class MetricsLogger:
             self._truncate_after(resume_after)
         self._file = open(self.path, "a", buffering=1)
         self._tb = None
+        self._tb_dir = run_dir / "tensorboard"
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=None if resume_after is None else resume_after + 1)
+            _quiet_writer_threads()
+            self._tb = SummaryWriter(log_dir=str(self._tb_dir), purge_step=None if resume_after is None else resume_after + 1)
 
     def _truncate_after(self, step: int) -> None:
         """Drop rows a crashed run wrote after its last checkpoint, so the resumed log has each step once."""
@@ -64,11 +68,13 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
+        with writing(self.path):
+            self._file.write(json.dumps(row) + "\n")
         if self._tb is not None:
-            for key, value in metrics.items():
-                if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+            with writing(self._tb_dir):
+                for key, value in metrics.items():
+                    if isinstance(value, (int, float)) and value is not None and math.isfinite(value):
+                        self._tb.add_scalar(key, value, step)
         for sink in self._sinks:
             sink.log(step, metrics)
         self._forward_events()
@@ -84,14 +90,34 @@ class MetricsLogger:
                 sink.events(rows)
 
     def close(self) -> None:
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        try:
+            with writing(self.path):
+                self._file.close()
+        finally:
+            if self._tb is not None:
+                with writing(self._tb_dir):
+                    self._tb.close()
         try:
             self._forward_events()  # events the monitor wrote after the last step
         finally:
             for sink in self._sinks:
                 sink.close()
+
+
+def _quiet_writer_threads() -> None:
+    """TensorBoard writes from a thread of its own; a failed write (a read-only or full disk) ends that thread,
+    which prints its traceback, and the writer raises the same error at our next call, where `MetricsLogger`
+    names the folder in the run's one line. So that thread's own traceback is left out; any other thread's stays."""
+    previous = threading.excepthook
+    if getattr(previous, "scalerl_quiet", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    hook.scalerl_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class NullLogger:

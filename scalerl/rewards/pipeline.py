@@ -8,7 +8,8 @@ reward is exactly the environment's score. This is the rollout side's scoring (s
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -20,9 +21,12 @@ from scalerl.rewards.cap import RewardCap
 from scalerl.rewards.components import RewardInputs
 from scalerl.rewards.diversity import SentenceEmbedder, diversity_penalty, policy_embeddings
 from scalerl.rewards.dump import dump_due, dump_samples
+from scalerl.rewards.failures import FailureWatch
 from scalerl.rewards.scorer import RewardScorer
 from scalerl.rewards.workers import RewardPool
 from scalerl.types import Completion, Rollout, Task
+
+log = logging.getLogger(__name__)
 
 Embed = Callable[[Rollout, list[Completion]], torch.Tensor]  # (B, H) one embedding per completion
 
@@ -38,6 +42,26 @@ class RewardPipeline:
     embed: Embed | None  # diversity penalty's embeddings; None: no penalty
     ctx: DistContext
     run_dir: Path
+    env_name: str = "env"
+    watch: FailureWatch = field(init=False)
+    env_failure: dict[str, str] = field(default_factory=dict)  # {"env": its first failure in words}, once it failed
+
+    def __post_init__(self) -> None:
+        self.watch = FailureWatch(self.config)
+
+    def _checked_env_scores(self, scores: torch.Tensor, tasks: list[Task], group_ids: list[int]) -> tuple[torch.Tensor, float]:
+        """The environment's scores with NaN, ±inf and non-numbers (NaN from the pool) replaced by 0, and how many
+        there were; the first is named once (a warning) and kept for the stop line of `FailureWatch`."""
+        bad = ~torch.isfinite(scores)  # (B,)
+        if not bad.any():
+            return scores, 0.0
+        i = int(bad.nonzero()[0])
+        if not self.env_failure:
+            what = (f"{self.env_name}.score returned {scores[i].item()} (NaN, inf or not a number) for item {i} "
+                    f"(prompt {tasks[group_ids[i]].prompt[:60]!r})")
+            self.env_failure["env"] = what
+            log.warning("%s; such items get reward 0 and count in reward/env_failures", what)
+        return torch.where(bad, torch.zeros_like(scores), scores), float(bad.sum())
 
     def __call__(self, step: int, tasks: list[Task], batch: Rollout, completions: list[Completion]
                  ) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -48,13 +72,20 @@ class RewardPipeline:
         if self.scorer is not None:
             self.scorer.submit(inputs)  # function components start in their own processes ...
         env_scores = self.pool.map_scores("env", [(tasks[g], c) for g, c in zip(group_ids, completions)])  # ... while the env scores
-        task_rewards = torch.tensor(env_scores, dtype=torch.float32)  # (B,)
-        metrics: dict = dict(self.pool.pop_metrics())
+        task_rewards, env_failed = self._checked_env_scores(torch.tensor(env_scores, dtype=torch.float32), tasks, group_ids)  # (B,)
+        pool = self.pool.pop_metrics()
+        # items the environment failed on, and the step's items, over every rank: every rank takes the same decision
+        counts = ctx.sum(torch.tensor([env_failed + pool["reward_failed_items"], float(len(completions))], dtype=torch.float64))
+        metrics: dict = {"reward/env_failures": float(counts[0]), "reward/env_restarts": pool["reward_pool_restarts"]}
         fused = task_rewards
         if self.scorer is not None:
             fused, scorer_metrics = self.scorer.score(dataclasses.replace(inputs, env_scores=task_rewards), ctx)
             fused = fused.float().cpu()
             metrics.update(scorer_metrics)
+        failures = {name.removeprefix("reward/").removesuffix("_failures"): n for name, n in metrics.items()
+                    if name.startswith("reward/") and name.endswith("_failures")}
+        first = {**(self.scorer.first_failure if self.scorer is not None else {}), **self.env_failure}
+        metrics["reward/failed_share"] = self.watch.check(step, failures, float(counts[1]), first)  # raises past reward.failures
         rewards = fused
         if self.cap is not None:  # every rank keeps the same window: the quantile is over the whole step
             every_rank = torch.tensor(ctx.gather_lists(fused.tolist()), dtype=torch.float32)
@@ -74,11 +105,13 @@ class RewardPipeline:
 
     def state_dict(self) -> dict:
         state = {"cap": self.cap.state_dict()} if self.cap is not None else {}
+        state["failures"] = self.watch.state_dict()
         if self.scorer is not None:  # dynamic fusion weights continue where they were
             state["scorer"] = self.scorer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
+        self.watch.load_state_dict(state.get("failures", {}))
         if self.cap is not None and "cap" in state:
             self.cap.load_state_dict(state["cap"])
         if self.scorer is not None and "scorer" in state:
@@ -106,7 +139,7 @@ def build_reward_pipeline(config: RewardConfig, env, *, group_size: int, policy:
     elif config.diversity.weight > 0:
         sentence = SentenceEmbedder(config.diversity.embedder, ctx.device, batch_size=config.diversity.batch_size)
         embed = lambda batch, completions: sentence([c.text for c in completions])  # noqa: E731
-    return RewardPipeline(config, scorer, pool, cap, embed, ctx, run_dir)
+    return RewardPipeline(config, scorer, pool, cap, embed, ctx, run_dir, env_name=type(env).__name__)
 
 
 def _policy_embedder(policy: torch.nn.Module, autocast: Callable, batch_size: int) -> Embed:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 from scalerl.rewards.components import Component, RewardInputs
+from scalerl.rewards.failures import first_line
 from scalerl.rewards.fusion import (
     DynamicState,
     dynamic_weights,
@@ -66,6 +67,7 @@ class RewardScorer:
         self._restarts_seen = [getattr(c, "restarts", None) for c in components]  # None: no worker process
         self.hangs = [0.0] * k  # per component: its worker answered nothing within timeout_s in the last call
         self.last_scores: dict[str, torch.Tensor] = {}  # name -> (B,) scores of the last step, for sample dumps
+        self.first_failure: dict[str, str] = {}  # name -> its first failure in one line (scalerl/rewards/failures.py)
 
     @property
     def names(self) -> list[str]:
@@ -98,11 +100,15 @@ class RewardScorer:
             except RewardCallError as err:  # user code failed as a whole: contained, counted, reported once
                 self._warn_once(comp, err.kind, err.message, fallback)
                 self.hangs[k] = float(err.kind == "timeout")
+                self.first_failure.setdefault(comp.name, f"{err.kind}: {first_line(err.message)}")
                 raw, whole_call_failed = torch.full((b,), float("nan")), True
             bad = ~torch.isfinite(raw)  # (B,)
             if bad.any() and not whole_call_failed:
-                self._warn_once(comp, "invalid", f"{comp.source} returned {int(bad.sum())} None/NaN/inf or non-number "
-                                f"scores among {b}", fallback)
+                i = int(bad.nonzero()[0])
+                what = (f"{comp.source} returned {int(bad.sum())} None/NaN/inf or non-number scores among {b}, the first for "
+                        f"item {i} (completion {inputs.completions[i][:60]!r})")
+                self._warn_once(comp, "invalid", what, fallback)
+                self.first_failure.setdefault(comp.name, what)
             rows.append(torch.where(bad, torch.full_like(raw, fallback), raw))
             failures.append(float(bad.sum()))
         return torch.stack(rows), torch.tensor(failures, dtype=torch.float64)
@@ -135,7 +141,7 @@ class RewardScorer:
         self.last_scores = dict(zip(self.names, scores))
         restarts = torch.tensor(self._new_restarts(), dtype=torch.float64)  # (K,)
         hangs = torch.tensor(self.hangs, dtype=torch.float64)  # (K,)
-        sums = torch.cat([scores.double().sum(1), failures, restarts, hangs, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])
+        sums = torch.cat([scores.double().sum(1), failures, restarts, hangs, torch.tensor([float(scores.shape[1])], dtype=torch.float64)])  # over ranks
         if ctx is not None:
             sums = ctx.sum(sums)
         k = len(self.components)

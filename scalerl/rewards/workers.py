@@ -48,6 +48,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Mapping, Sequence
 
 from scalerl.errors import ScaleRLError
+from scalerl.types import as_score
 from scalerl.rewards.worker_process import exit_with_parent, ignore_stop_signals, protect_forkserver
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def _ready(seconds: float) -> int:
 
 def _score_chunk(fn: str | ScoreFn, items: list[tuple]) -> list[float]:
     scorer = _WORKER_SCORERS[fn] if isinstance(fn, str) else fn
-    return [float(scorer(*item)) for item in items]
+    return [as_score(scorer(*item)) for item in items]
 
 
 def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
@@ -171,7 +172,7 @@ class RewardPool:
 
     def _run(self, jobs: list[tuple[str | ScoreFn, Sequence[tuple]]]) -> list[list[float]]:
         if self.in_process:
-            return [[float(self._resolve(fn)(*item)) for item in items] for fn, items in jobs]
+            return [[as_score(self._resolve(fn)(*item)) for item in items] for fn, items in jobs]
         results = [[self.fail_value] * len(items) for _, items in jobs]
         pool, broken = self._pool(), False
         pending: list[tuple[Future | None, int, int, int]] = []

@@ -59,6 +59,8 @@ def task_scores(env: Environment, tasks: Sequence[Task], sampler: Sampler, token
         # correctness only: an environment's reward shaping (envs/shaping.py) must not inflate a pass rate
         groups = rollout.group_ids.tolist()
         scores = torch.tensor([unshaped_score(env, chunk[g], c) for g, c in zip(groups, completions)], dtype=torch.float32)
+        if not (finite := torch.isfinite(scores)).all():  # NaN, inf or not a number: not a pass; training counts and names them
+            scores = torch.where(finite, scores, torch.zeros_like(scores))
         if scorer is not None:  # an environment without a verifier: the fused reward, with the configured weights
             scores = scorer.evaluate(RewardInputs.of(chunk, groups, completions, scores))
         if samples is not None:

@@ -4,6 +4,7 @@ between the two roles' work; it decides nothing about learning."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -12,11 +13,11 @@ from typing import Any
 
 import torch
 
-from scalerl.config import Config
+from scalerl.config import Config, dump_config
 from scalerl.config.resume import record_resumed_config
 from scalerl.distributed.context import DistContext
 from scalerl.distributed.watchdog import Hung, peer_silent
-from scalerl.errors import Stopped
+from scalerl.errors import RewardsFailing, Stopped
 from scalerl.learner.learner import LearnerSide
 from scalerl.monitor.console import RunConsole
 from scalerl.monitor.events import Event
@@ -72,9 +73,13 @@ class Bookkeeping:
             if err is not None:
                 self.stopped_by(err)
         finally:
-            self.health.close()
-            self.console.close()
-            self.logger.close()
+            # after a failed write (a read-only or full disk) closing fails again: the first fault is the one reported
+            with contextlib.suppress(OSError) if kind is not None else contextlib.nullcontext():
+                try:
+                    self.health.close()
+                    self.console.close()
+                finally:
+                    self.logger.close()
 
     def stopped_by(self, err: BaseException) -> None:
         """A part that stopped answering (`Hung`; a collective that timed out waiting for a peer rank): an event,
@@ -138,7 +143,8 @@ class Bookkeeping:
     def save(self, step: int) -> None:
         start = time.perf_counter()
         state = {**{k: v for k, v in self.state.items() if k != "step"}, "health": self.health.state_dict()}
-        save(self.rollout, self.learner, self.ctx, self.run_dir, step, self.tokenizer, state, self.config.checkpoint.keep_last)
+        save(self.rollout, self.learner, self.ctx, self.run_dir, step, self.tokenizer, state, self.config.checkpoint.keep_last,
+             dump_config(self.config))
         self.saved = step
         self.times["checkpoint_time_s"] += time.perf_counter() - start
 
@@ -148,6 +154,17 @@ class Bookkeeping:
             self.learner.end_of_step(step, agree=True, saving=True)  # replicas that sync by groups may differ mid-interval
             self.save(step)
         raise Stopped(signum, step, str(self.run_dir / "checkpoints" / f"step_{step:07d}") if step > 0 else None)
+
+    def halt(self, step: int, failing: RewardsFailing) -> None:
+        """Rewards failing in the step after `step` (reward.failures): checkpoint `step` (unless it is saved), record a
+        critical `reward_failures` event, raise the one-line error saying what was kept."""
+        if step > 0 and self.saved != step:
+            self.learner.end_of_step(step, agree=True, saving=True)
+            self.save(step)
+        kept = f"the checkpoint of step {step} is saved" if step > 0 else "no step had finished, nothing to save"
+        self.health.record(Event(step + 1, "reward_failures", "critical", str(failing), action="stopped the run",
+                                 values={"component": failing.component, "share": failing.share}))
+        raise RewardsFailing(f"{failing}; {kept}: fix the reward, then resume with --resume", failing.component, failing.share) from None
 
     def finish(self) -> None:
         """After the last step: the reward curve's phase verdict (an info event)."""

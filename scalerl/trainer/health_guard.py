@@ -123,5 +123,9 @@ class HealthGuard:
             self.log.emit(Event(step, "phase_verdict", "info", f"reward curve: {verdict} ({detail})", values={"verdict": verdict}))
         return {"phase_verdict": verdict, "phase_stats": stats, "health_events": dict(self.log.counts)}
 
+    def record(self, event: Event) -> None:
+        """An event decided outside the rules (failing rewards: Bookkeeping.halt): events.jsonl, the console, the webhook."""
+        self.log.emit(event)
+
     def close(self) -> None:
         self.log.close()

@@ -20,10 +20,12 @@ from typing import Any, Callable, Mapping
 from scalerl.config import Config
 from scalerl.config.checks import check_once
 from scalerl.distributed.context import init_distributed, shutdown
+from scalerl.errors import RewardsFailing
 from scalerl.models.loading import load_tokenizer
 from scalerl.rollout.async_rollout import ProducerProcess
 from scalerl.trainer.bookkeeping import Bookkeeping, finished_summary
 from scalerl.trainer.persist import restore
+from scalerl.trainer.run_lock import RunLock
 from scalerl.trainer.setup import build_roles
 from scalerl.trainer.signals import GracefulStop
 from scalerl.trainer.step import train_step
@@ -40,8 +42,8 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
     check_once(config, reward_funcs)
     ctx = init_distributed(config.train.device, config.health.hang.deadline_s)
     try:
-        with GracefulStop() as stop:
-            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer, reward_funcs)
+        with GracefulStop() as stop, RunLock() as lock:  # one run per folder, for the run's life (run_lock.py)
+            rollout, learner, run_dir = build_roles(config, ctx, resume, overwrite, producer, reward_funcs, lock)
             try:
                 warn = (lambda line: print(line, file=sys.stderr)) if ctx.is_main else (lambda line: None)
                 state = restore(rollout, learner, ctx, run_dir, config.train.seed, warn) if resume else {"step": 0}
@@ -54,7 +56,10 @@ def train(config: Config, *, resume: bool = False, overwrite: bool = False, prod
                         if (signum := stop.requested(ctx)) is not None:
                             book.stop(signum, step - 1)  # checkpoints the last finished step, raises Stopped
                         threads = book.threads()
-                        batch, metrics = train_step(rollout, learner, step, ctx)
+                        try:
+                            batch, metrics = train_step(rollout, learner, step, ctx)
+                        except RewardsFailing as failing:  # reward.failures: checkpoint, a critical event, one line
+                            book.halt(step - 1, failing)
                         final = step == config.train.steps
                         evaluating = final or bool(config.eval.every and step % config.eval.every == 0)
                         saving = (bool(config.checkpoint.every and step % config.checkpoint.every == 0)

@@ -21,11 +21,19 @@ from scalerl.types import derive_seed
 
 
 def save(rollout: RolloutSide, learner: LearnerSide, ctx: DistContext, run_dir: Path, step: int, tokenizer: Any,
-         state: dict[str, Any], keep_last: int | None) -> None:
+         state: dict[str, Any], keep_last: int | None, config_text: str | None = None) -> None:
+    """`config_text`: the config in force (config.yaml's text), kept in the checkpoint and covered by its manifest, so
+    that the checkpoints alone can be resumed (scalerl/config/resume.py `checkpoint_config`)."""
     parts = learner.checkpoint_parts()
+
+    def files(folder: Path) -> None:
+        rollout.save_files(folder, ctx.rank)
+        if ctx.is_main and config_text is not None:
+            (folder / "config.yaml").write_text(config_text)
+
     ckpt.save_checkpoint(run_dir / "checkpoints", step, ctx=ctx, model=parts.model, tokenizer=tokenizer,
                          optimizer=parts.optimizer, rng={"torch": torch.get_rng_state()}, extra_modules=parts.modules,
-                         tensors=parts.tensors, rank_files=lambda folder: rollout.save_files(folder, ctx.rank),
+                         tensors=parts.tensors, rank_files=files,
                          trainer_state={**state, "rollout": rollout.state_dict(), "learner": learner.state_dict()},
                          keep_last=keep_last)
 

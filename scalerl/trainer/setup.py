@@ -20,6 +20,7 @@ from scalerl.config.resume import check_resume
 from scalerl.distributed.context import DistContext, seed_everything, set_threads
 from scalerl.distributed.pair_link import check_transport
 from scalerl.errors import ScaleRLError
+from scalerl.files import write_atomically
 from scalerl.learner.build import build_forgetting, build_learner
 from scalerl.learner.learner import LearnerSide
 from scalerl.models.build import build_policy
@@ -29,8 +30,8 @@ from scalerl.rollout.async_rollout import AsyncRollout, ProducerProcess
 from scalerl.rollout.base import RolloutSide
 from scalerl.rollout.build import build_rollout
 from scalerl.rollout.chat import prompt_format
+from scalerl.trainer.run_lock import LOCK_FILE, RunLock
 from scalerl.trainer.step import publish_weights
-from scalerl.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +42,21 @@ def check_offload(config: Config, device: torch.device) -> None:
                     "AdamW runs all the same, with one copy of the weights and gradients per update")
 
 
-def check_run_dir(config: Config, resume: bool, overwrite: bool = False) -> Path:
-    """Where the run goes, checked before anything loads (and nothing written): a new run refuses a
-    folder that holds a run (anything beside a config.yaml and resolved.yaml) unless `overwrite`; a resume needs the
-    run there and may change only what can change mid-run (`check_resume`)."""
+def check_run_dir(config: Config, resume: bool, overwrite: bool = False, lock: RunLock | None = None) -> Path:
+    """Where the run goes, checked before anything loads (and nothing written but the `lock`, taken first so that two
+    runs on one name cannot both pass these checks): a new run refuses a folder that holds a run (anything beside a
+    config.yaml and resolved.yaml) unless `overwrite`; a resume needs the run there and may change only what can change
+    mid-run (`check_resume`)."""
     if resume and config.log.name is None:
         raise ScaleRLError("--resume needs the run's name: add --name NAME (or set log.name)")
     name = config.log.name or datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = config.log.run_dir / name
+    if lock is not None:
+        lock.take(run_dir)
     if resume:
         check_resume(config, run_dir)
         return run_dir
-    held = [p.name for p in run_dir.iterdir() if p.name not in ("config.yaml", RESOLVED_FILE)] if run_dir.is_dir() else []
+    held = [p.name for p in run_dir.iterdir() if p.name not in ("config.yaml", RESOLVED_FILE, LOCK_FILE)] if run_dir.is_dir() else []
     if held and not overwrite:
         raise ScaleRLError(f"log.name: {run_dir} already holds a run ({', '.join(sorted(held)[:3])}); continue it with --resume, "
                            "replace it with --overwrite, or choose another --name")
@@ -85,9 +89,10 @@ def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: boo
     if not resume:
         ctx.barrier()  # every rank has looked before rank 0 empties the folder
         if ctx.is_main:
-            if run_dir.is_dir():
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for path in run_dir.iterdir():  # all but the lock this run holds (scalerl/trainer/run_lock.py)
+                if path.name != LOCK_FILE:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
             text = dump_config(config)
             if fallback:
                 line = f"  attn_implementation: {model['attn_implementation_requested']}\n"
@@ -104,15 +109,16 @@ def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: boo
 
 
 def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool = False,
-                producer: ProducerProcess | None = None, reward_funcs: Mapping[str, Callable] | None = None
-                ) -> tuple[RolloutSide, LearnerSide, Path]:
+                producer: ProducerProcess | None = None, reward_funcs: Mapping[str, Callable] | None = None,
+                lock: RunLock | None = None) -> tuple[RolloutSide, LearnerSide, Path]:
     """The rollout side and the learner around one policy (shared in this process), and the run directory.
     `producer`: where an async run's producer runs (default: a process spawned beside this one); `reward_funcs`:
-    the Python API's reward callables, which only this process holds (so never with rollout.mode=async)."""
+    the Python API's reward callables, which only this process holds (so never with rollout.mode=async). `lock`:
+    the run folder's lock, taken here by rank 0 (the caller releases it when the run ends)."""
     if reward_funcs and config.rollout.mode == "async":
         raise ScaleRLError("rollout.mode=async samples in another process, which cannot call the reward functions of this "
                            "script; use rollout.mode=sync, or name the functions as module:function")
-    run_dir = check_run_dir(config, resume, overwrite)  # first: a refused resume or reuse loads nothing
+    run_dir = check_run_dir(config, resume, overwrite, lock if ctx.is_main else None)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
     check_precision(config.precision_policy, ctx.device)

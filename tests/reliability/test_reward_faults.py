@@ -190,7 +190,7 @@ def test_a_signal_to_the_whole_process_group_mid_reward_call_loses_no_scores(run
     rows = read_metrics(runs / "run")
     assert [r["step"] for r in rows] == [1, 2]  # the step in progress finished, then the run stopped
     assert [r["reward/mine_mean"] for r in rows] == [1.0, 1.0] and [r["reward/mine_failures"] for r in rows] == [0.0, 0.0]
-    assert all(r["reward/mine_restarts"] == 0 and r["reward_failed_items"] == 0 and r["reward_pool_restarts"] == 0
+    assert all(r["reward/mine_restarts"] == 0 and r["reward/env_failures"] == 0 and r["reward/env_restarts"] == 0
                for r in rows), rows
     deadline = time.monotonic() + 10
     while (left := _group_members(proc.pid)) and time.monotonic() < deadline:

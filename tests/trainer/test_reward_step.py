@@ -41,7 +41,7 @@ def test_workers_cap_diversity_and_dump_in_one_run(runs):
     for r in rows[:2]:  # no cap yet: reward = env score − 0.5 · similarity
         assert r["reward_mean"] == pytest.approx(r["task_reward_mean"] - 0.5 * r["diversity_similarity"], abs=1e-5)
         assert 0.0 < r["diversity_similarity"] <= 1.0
-    assert all(r["reward_failed_items"] == 0 for r in rows if "reward_failed_items" in r)
+    assert all(r["reward/env_failures"] == 0 and r["reward/failed_share"] == 0 for r in rows)
     dumps = sorted(p.name for p in (runs / "all" / "samples").glob("step_*"))  # beside them: eval_step_*.jsonl, every evaluation's few
     assert dumps == ["step_000002.jsonl", "step_000004.jsonl"]
     lines = [json.loads(x) for x in (runs / "all" / "samples" / "step_000002.jsonl").read_text().splitlines()]
