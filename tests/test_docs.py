@@ -34,3 +34,15 @@ def test_the_config_page_refuses_a_key_without_a_description(monkeypatch):
     monkeypatch.setattr(reference, "config_reference", lambda section=None: [*reference.model_keys(reference.Config), bare])
     with pytest.raises(ValueError, match="optim.bare"):
         reference.config_reference_markdown()
+
+
+def test_the_readme_is_a_front_door():
+    """Under 15 KB: what it is, the two commands (the ones .ci/run runs), a short example, one table, links that resolve."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 15 * 1024
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r"^python3 -m venv .*python -m pytest -q$", text, re.M).group(0) in ci
+    for target in re.findall(r"\]\(([^)#]+)\)", text):
+        assert (ROOT / target).exists(), target
