@@ -44,5 +44,6 @@ def test_the_readme_is_a_front_door():
     assert len(text.encode()) <= 15 * 1024
     ci = (ROOT / ".ci" / "run").read_text()
     assert re.search(r"^python3 -m venv .*python -m pytest -q$", text, re.M).group(0) in ci
+    generated = {"docs/reference/config.md", "docs/reference/cli.md"}  # written by the docs build (docs/hooks/reference.py)
     for target in re.findall(r"\]\(([^)#]+)\)", text):
-        assert (ROOT / target).exists(), target
+        assert (ROOT / target).exists() or target in generated, target
