@@ -50,7 +50,7 @@ class Trainer:
     train_dataset: rows with a 'prompt' (text or chat messages): a list of dicts, a datasets.Dataset or a JSONL path;
         None keeps the config's environment (the reward functions then score its prompts)
     eval_dataset: held-out rows, same forms; default: the last tenth of train_dataset (1 to 8 rows), unless
-        config sets env.args.num_eval or env.args.eval_file
+        config sets env.args.eval_size or env.args.eval_file
     tokenizer: a folder or tokenizer object; default: the model's
     config: a scalerl.Config, a YAML path, or a dict of dotted keys; overrides: dotted keys set on top of it
     """
@@ -119,9 +119,10 @@ def data_args(base: Config, train_dataset: Any, eval_dataset: Any, inputs: Path)
     file, rows = dataset_file(train_dataset, inputs, "train", "train_dataset")
     own = base.env.args if base.env.name == "reward_model" else {}
     if eval_dataset is not None:
-        return {"file": str(file), "eval_file": str(dataset_file(eval_dataset, inputs, "eval", "eval_dataset")[0])}
-    if "eval_file" in own or "num_eval" in own:
-        return {**{k: own[k] for k in ("eval_file", "num_eval") if k in own}, "file": str(file)}
+        return {"data_file": str(file), "eval_file": str(dataset_file(eval_dataset, inputs, "eval", "eval_dataset")[0])}
+    own = {{"num_eval": "eval_size", "file": "data_file"}.get(k, k): v for k, v in own.items()}  # the older spellings
+    if "eval_file" in own or "eval_size" in own:
+        return {**{k: own[k] for k in ("eval_file", "eval_size") if k in own}, "data_file": str(file)}
     if rows < 2:
         raise ScaleRLError(f"train_dataset: {rows} row leaves none to hold out; give more rows or an eval_dataset")
-    return {"file": str(file), "num_eval": max(1, min(8, rows // 10))}
+    return {"data_file": str(file), "eval_size": max(1, min(8, rows // 10))}

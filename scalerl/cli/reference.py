@@ -26,7 +26,7 @@ def cli_reference_markdown() -> str:
     group = typer.main.get_command(app)
     lines = ["# Commands", "", "Every `scalerl` command and option, generated from the code (`scalerl/cli/`); "
              "`scalerl COMMAND --help` prints the same.", ""]
-    ctx = click.Context(group, info_name="scalerl")
+    ctx = click.Context(group, info_name="scalerl", terminal_width=100, max_content_width=100)  # the same text on any terminal
     for name in sorted(group.list_commands(ctx)):
         command = group.get_command(ctx, name)
         sub = click.Context(command, info_name=name, parent=ctx)

@@ -94,7 +94,7 @@ def test_a_datasets_dataset_and_a_jsonl_path_train_with_their_columns(runs, tmp_
     assert config["env"]["name"] == "reward_model"
     assert config["reward"]["components"][0]["function"] == "python:first_letter"
     if form == "jsonl":
-        assert config["env"]["args"]["file"] == str(data)  # a file is read where it is, not copied
+        assert config["env"]["args"]["data_file"] == str(data)  # a file is read where it is, not copied
 
 
 def test_chat_message_prompts_reach_the_reward_as_messages(runs, tmp_path):
