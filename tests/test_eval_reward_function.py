@@ -30,7 +30,8 @@ def test_eval_scores_a_function_reward_run(tmp_path):
     result = json.loads(out.read_text())
     assert result["env"] == "reward_model" and result["tasks"] == 4 and result["scored_by"] == "the run's reward: length"
     assert 0 < result["pass_rate"] <= 1.0  # the length reward of real completions (4 new tokens: never empty)
-    assert "scored by the run's reward: length" in proc.stdout
+    assert "scored by the run's reward: length" in proc.stdout and proc.stdout.startswith("mean reward ")
+    assert result["interval"] == "normal"  # a reward's scores are no proportion, even when every one is 0 or 1
 
 
 def test_eval_still_refuses_a_verifierless_env_without_a_reward():

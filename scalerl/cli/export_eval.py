@@ -52,7 +52,8 @@ def evaluate(
         from scalerl.jobs.evaluate import run_eval
 
         result = run_eval(model, env, samples, temperature, max_tasks, max_new_tokens, seed)
-        print(f"pass rate {result['pass_rate']:.4f} (95 % CI {result['ci95'][0]:.4f}-{result['ci95'][1]:.4f}) over "
+        label = "pass rate" if result["scored_by"] == "verifier" else "mean reward"  # a reward's scores are no pass rate
+        print(f"{label} {result['pass_rate']:.4f} (95 % CI {result['ci95'][0]:.4f}-{result['ci95'][1]:.4f}) over "
               f"{result['tasks']} tasks x {samples} samples, env {result['env']}, {result['model']}"
               + ("" if result["scored_by"] == "verifier" else f", scored by {result['scored_by']} (the mean reward)"))
         if json_out is not None:

@@ -72,7 +72,8 @@ def run_eval(model: str, env_name: str | None, samples: int, temperature: float 
         if scorer is not None:
             scorer.close()
     means = sums / samples
-    binary = samples == 1 and bool(((means == 0) | (means == 1)).all())
+    # a verifier's 0/1 verdicts: Wilson's interval; a reward's scores are not a proportion even when all happen to be 0 or 1
+    binary = scorer is None and samples == 1 and bool(((means == 0) | (means == 1)).all())
     low, high = confidence_interval(means, binary)
     return {"pass_rate": float(means.mean()) if len(means) else 0.0, "ci95": [low, high], "interval": "wilson" if binary else "normal",
             "tasks": len(tasks), "samples": samples, "temperature": temp, "env": name, "model": model, "seed": seed,
