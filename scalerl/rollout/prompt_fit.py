@@ -82,7 +82,7 @@ def fit_notice(config: Config, lengths: PromptLengths, limit: int) -> str | None
         return None
     kept = "last" if setting == "left" else "first"
     return (f"rollout.truncate_prompts={setting}: {lengths.over} of {lengths.total} prompts are longer than {limit} tokens "
-            f"(the longest, {lengths.where}, {lengths.longest}); each is cut to its {kept} {limit} tokens")
+            f"(the longest, {lengths.where}, has {lengths.longest}); each is cut to its {kept} {limit} tokens")
 
 
 def fit_prompts(config: Config, fmt: PromptFormat, env, positions: int | None,

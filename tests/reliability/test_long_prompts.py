@@ -20,7 +20,7 @@ from scalerl.rollout.build import build_rollout
 from scalerl.rollout.chat import prompt_format
 from scalerl.types import Task
 
-LONG = "1+" * 500 + "1="  # 1,002 characters: 1,003 tokens with the built-in tokenizer's BOS
+LONG = "1+" * 499 + "1="  # after "{i}+": 1,002 characters, 1,003 tokens with the built-in tokenizer's BOS
 LIMIT = 64 - 8  # the built-in model's positions less rollout.max_new_tokens
 
 
@@ -49,7 +49,7 @@ def _one_error_line(proc) -> str:
 
 
 def _names_length_and_limit(line: str) -> None:
-    assert "has 1005 tokens" in line and "training task 1 of 2" in line, line  # "0+" before LONG: 1,005 tokens
+    assert "has 1003 tokens" in line and "training task 1 of 2" in line, line
     assert f"longer than {LIMIT}" in line and "64 positions" in line and "max_new_tokens=8" in line, line
     assert "rollout.truncate_prompts=left" in line, line  # the fix
 
@@ -57,15 +57,16 @@ def _names_length_and_limit(line: str) -> None:
 def test_dry_run_refuses_a_prompt_longer_than_the_model_positions(tmp_path, fault):
     line = _one_error_line(_train(tmp_path, _data(tmp_path, 1, 1), dry_run=True))
     _names_length_and_limit(line)
-    fault("inputs", "a 1,003-token prompt on a model with 64 positions, --dry-run", "exit 2, one line: its length, the limit, the fix")
+    fault("bad input", "a 1,003-token prompt on the built-in model (64 positions), --dry-run", f"exit 2: {line}")
 
 
 def test_a_run_refuses_it_before_training(tmp_path, fault):
     proc = _train(tmp_path, _data(tmp_path, 1, 1))
-    _names_length_and_limit(_one_error_line(proc))
+    line = _one_error_line(proc)
+    _names_length_and_limit(line)
     metrics = tmp_path / "runs" / "long" / "metrics.jsonl"
     assert not metrics.exists() or read_metrics(tmp_path / "runs" / "long") == []
-    fault("inputs", "a 1,003-token prompt on a model with 64 positions, a run", "exit 2 before training, the same one line")
+    fault("bad input", "a 1,003-token prompt on the built-in model (64 positions), a run", f"exit 2 before training: {line}")
 
 
 def test_left_truncation_trains_warns_once_and_counts(tmp_path, fault):
@@ -77,7 +78,8 @@ def test_left_truncation_trains_warns_once_and_counts(tmp_path, fault):
     rows = read_metrics(tmp_path / "runs" / "long")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [r["prompts_truncated"] for r in rows] == [2, 2, 2]  # every training prompt is long, 2 a step
-    fault("inputs", "1,003-token prompts with rollout.truncate_prompts=left", "3 steps trained, one warning, prompts_truncated=2 a step")
+    fault("bad input", "1,003-token prompts with rollout.truncate_prompts=left", f"exit 0, 3 steps, warned once ({warned[0]}), "
+          "prompts_truncated 2 of 2 prompts each step")
 
 
 def _worker(tmp_path: Path, data: Path, setting: str):
