@@ -189,7 +189,7 @@ def check_prompt_lengths(config: Config, env: Any) -> list[str]:
 
     positions = model_config_positions(config)
     limit = prompt_limit(config, positions)
-    if env is None or limit is None:
+    if env is None or limit is None:  # the model (and the engine) say no limit: nothing to check
         return []
     fmt = prompt_format(config.env.chat_template, config.env.system_prompt, load_tokenizer(config.model))
     lengths = measure(fmt, [("training", env.train_tasks()), ("held-out", env.eval_tasks()[: config.eval.max_tasks])], limit)

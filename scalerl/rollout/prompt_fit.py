@@ -1,6 +1,7 @@
 """Prompts that cannot fit: each prompt and its completion must fit in the model's positions, so a prompt
 may have at most positions − max_new_tokens tokens (the larger of `rollout.max_new_tokens` and
-`eval.max_new_tokens`: the training and the held-out prompts share one encoding).
+`eval.max_new_tokens`: the training and the held-out prompts share one encoding; with the vLLM engine,
+`rollout.vllm.max_model_len` instead of the positions where it is less).
 
 `rollout.truncate_prompts` says what a longer prompt does:
 
@@ -29,11 +30,20 @@ from scalerl.rollout.chat import PromptFormat
 from scalerl.types import Task
 
 
+def sequence_limit(config: Config, positions: int | None) -> int | None:
+    """The longest prompt + completion: the model's `positions`, or `rollout.vllm.max_model_len` with the vLLM engine
+    when that is less (None: neither says)."""
+    engine_len = config.rollout.vllm.max_model_len if config.rollout.engine == "vllm" else None
+    bounds = [n for n in (positions, engine_len) if n is not None]
+    return min(bounds) if bounds else None
+
+
 def prompt_limit(config: Config, positions: int | None) -> int | None:
     """The most tokens a prompt may have on a model with `positions` (None: the model does not say)."""
-    if positions is None:
+    total = sequence_limit(config, positions)
+    if total is None:
         return None
-    return positions - max(config.rollout.max_new_tokens, config.eval.max_new_tokens or 0)
+    return total - max(config.rollout.max_new_tokens, config.eval.max_new_tokens or 0)
 
 
 def model_positions(policy) -> int | None:
@@ -64,13 +74,15 @@ def measure(fmt: PromptFormat, splits: Sequence[tuple[str, Sequence[Task]]], lim
     return PromptLengths(longest, where, over, total)
 
 
-def fit_problem(config: Config, lengths: PromptLengths, limit: int, positions: int) -> str | None:
+def fit_problem(config: Config, lengths: PromptLengths, limit: int, positions: int | None) -> str | None:
     """The one-line refusal when prompts do not fit and `rollout.truncate_prompts=error`; else None."""
     if lengths.over == 0 or config.rollout.truncate_prompts != "error":
         return None
     new = max(config.rollout.max_new_tokens, config.eval.max_new_tokens or 0)
+    total = sequence_limit(config, positions)
+    room = f"the model's {positions} positions" if total == positions else f"rollout.vllm.max_model_len={total}"
     return (f"env {config.env.name}: the longest prompt ({lengths.where}) has {lengths.longest} tokens, {lengths.over} of "
-            f"{lengths.total} prompts are longer than {limit} (the model's {positions} positions less max_new_tokens={new} "
+            f"{lengths.total} prompts are longer than {limit} ({room} less max_new_tokens={new} "
             "for the completion); shorten the prompts, lower rollout.max_new_tokens, use a model with more positions, or set "
             "rollout.truncate_prompts=left (keep each prompt's end) or right (its start)")
 

@@ -113,3 +113,13 @@ def test_the_sampled_prompt_ids_are_the_kept_end_or_start(tmp_path):
             expected.append(ids if len(ids) <= LIMIT else ids[-LIMIT:] if setting == "left" else ids[:LIMIT])
         assert sorted(_sampled_prompts(batch)) == sorted(expected), setting
         assert batch.metrics["prompts_truncated"] == 2, setting  # the two long ones, not the two short
+
+
+def test_the_limit_is_the_positions_or_the_vllm_engines_length_less_the_longest_completion():
+    from scalerl.rollout.prompt_fit import prompt_limit
+
+    assert prompt_limit(load_config(), 64) == 56
+    assert prompt_limit(load_config(overrides=["eval.max_new_tokens=20"]), 64) == 44  # held-out prompts share the encoding
+    assert prompt_limit(load_config(overrides=["rollout.engine=vllm", "rollout.vllm.max_model_len=40"]), 64) == 32
+    assert prompt_limit(load_config(overrides=["rollout.vllm.max_model_len=40"]), 64) == 56  # the hf engine: no engine length
+    assert prompt_limit(load_config(), None) is None  # a model that names no limit is not checked
