@@ -83,6 +83,10 @@ class RolloutConfig(_Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass; 1.0 keeps the full distribution.")
     top_k: int = Field(0, ge=0, description="Keep only the k most likely tokens; 0 disables.")
     max_turns: int = Field(1, ge=1, description="Policy turns per episode for a multi-turn environment (one with a step method); max_new_tokens bounds each turn.")
+    truncate_prompts: Literal["error", "left", "right"] = Field("error", description="A prompt longer than the model's positions less "
+                                                                 "max_new_tokens: error refuses the run (and --dry-run) naming the longest; left cuts it "
+                                                                 "to its last tokens (chat models need the question, at the end), right to its first; "
+                                                                 "a cut is warned once at start and counted per step as prompts_truncated.")
     mode: Literal["sync", "async"] = Field("sync", description="sync: sample, then learn, in turn; async: a producer process samples "
                                            "with the newest weights it has while the learner learns (PipelineRL-k, scalerl/rollout/async_rollout.py).")
     max_staleness: int = Field(1, ge=0, description="async: the producer never samples a step's batch with weights more than this many "

@@ -1,6 +1,7 @@
 """What `--dry-run` checks beyond the schema, without training: the model (a local folder's tokenizer loads;
 a hub id is in the local cache or answers within seconds), the environment's data (every file parses and has
-the columns the environment needs; rows counted), every reward function (imports and is called once on a
+the columns the environment needs; rows counted), every prompt fits the model's positions (or
+`rollout.truncate_prompts` cuts it), every reward function (imports and is called once on a
 sample row) and the code environment's sandbox. Each problem is one line naming the key and the fix; each
 check is bounded by `CHECK_TIMEOUT_S` so a dry run answers in seconds (`HF_HUB_OFFLINE=1`: the cache only).
 """
@@ -179,6 +180,49 @@ def check_reward_functions(config: Config, env: Any) -> list[str]:
     return lines
 
 
+def check_prompt_lengths(config: Config, env: Any) -> list[str]:
+    """Every training and held-out prompt, encoded as the run encodes it (tokenizer and env.chat_template), fits in the
+    model's positions less max_new_tokens, or rollout.truncate_prompts cuts it (scalerl/rollout/prompt_fit.py)."""
+    from scalerl.models.loading import load_tokenizer
+    from scalerl.rollout.chat import prompt_format
+    from scalerl.rollout.prompt_fit import fit_notice, fit_problem, measure, prompt_limit
+
+    positions = model_config_positions(config)
+    limit = prompt_limit(config, positions)
+    if env is None or limit is None:  # the model (and the engine) say no limit: nothing to check
+        return []
+    fmt = prompt_format(config.env.chat_template, config.env.system_prompt, load_tokenizer(config.model))
+    lengths = measure(fmt, [("training", env.train_tasks()), ("held-out", env.eval_tasks()[: config.eval.max_tasks])], limit)
+    problem = fit_problem(config, lengths, limit, positions)
+    if problem is not None:
+        raise ScaleRLError(problem)
+    notice = fit_notice(config, lengths, limit)
+    return [f"prompts: {notice}" if notice else
+            f"prompts: the longest ({lengths.where}) has {lengths.longest} tokens of the {limit} that fit"]
+
+
+def model_config_positions(config: Config) -> int | None:
+    """The model's positions from its config.json: a local folder's, or a hub id's in the local cache (None: unknown)."""
+    import json
+
+    from scalerl.models.paths import max_positions, read_model_config, resolve_model_path
+
+    source = resolve_model_path(config.model.path)
+    if os.path.isdir(source):
+        has_config = os.path.isfile(os.path.join(source, "config.json"))
+        return max_positions(read_model_config(source, "model.path")) if has_config else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(source, "config.json")
+    if not isinstance(cached, str):
+        return None
+    try:
+        with open(cached, "rb") as f:
+            return max_positions(json.loads(f.read()))
+    except (OSError, ValueError):
+        return None
+
+
 def preflight(config: Config) -> tuple[list[str], list[str]]:
     """(what was checked, one line each; the problems found, one line each)."""
     report: list[str] = []
@@ -197,6 +241,7 @@ def preflight(config: Config) -> tuple[list[str], list[str]]:
     if built is not None:
         report += built[0]
         env = built[1]
+    report += attempt(lambda: check_prompt_lengths(config, env)) or []
     report += attempt(lambda: check_sandbox(config)) or []
     report += attempt(lambda: check_reward_functions(config, env)) or []
     return report, problems

@@ -7,6 +7,7 @@ learner or the training loop is needed to make batches.
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -21,10 +22,13 @@ from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.base import Sampler
 from scalerl.rollout.chat import prompt_format
+from scalerl.rollout.prompt_fit import fit_prompts, model_positions
 from scalerl.rollout.prompts import PromptStream
 from scalerl.rollout.replay_mix import ReplayMixer
 from scalerl.rollout.worker import BatchFilters, EvalSettings, RolloutWorker
 from scalerl.types import SamplingParams, derive_seed
+
+log = logging.getLogger(__name__)
 
 
 def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None,
@@ -74,15 +78,19 @@ def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, devic
 
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
-                  gather=None, engine: str | None = None, functions: Mapping[str, Callable] | None = None) -> RolloutWorker:
+                  gather=None, engine: str | None = None, functions: Mapping[str, Callable] | None = None,
+                  announce: bool = True) -> RolloutWorker:
     """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
     embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole); `engine` the
-    sampler's (default `rollout.engine`); `functions` the Python API's reward callables (`function: python:NAME`)."""
+    sampler's (default `rollout.engine`); `functions` the Python API's reward callables (`function: python:NAME`);
+    `announce`: warn here when prompts are cut (rank 0 of the trainer, not the async producer too).
+    Prompts longer than the model's positions allow are refused or cut here (scalerl/rollout/prompt_fit.py)."""
     engine = engine or config.rollout.engine
     env = build_env(config.env.name, config.env.args)
     stream = PromptStream(env.train_tasks(), config.rollout.prompts_per_step, rank=ctx.rank, world_size=ctx.world_size,
                           seed=config.train.seed, shuffle=config.env.shuffle)
-    prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
+    prompts = fit_prompts(config, prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer), env,
+                          model_positions(policy), log.warning if announce and ctx.is_main else None)
     sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir, engine)
 
     def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision

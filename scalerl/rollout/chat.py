@@ -21,7 +21,7 @@ with an error rather than training on a sequence no rendered conversation contai
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,17 +34,37 @@ class PromptFormat:
     tokenizer: Any
     template: str | None = None  # None: raw prompts
     system: str | None = None
+    max_tokens: int | None = None  # a longer prompt is refused or cut (`truncate`: scalerl/rollout/prompt_fit.py); None: any length
+    truncate: str = "error"  # error, left (keep the end) or right (keep the start)
+    cut: list[int] = field(default_factory=lambda: [0], compare=False, repr=False)  # prompts cut so far (a counter)
 
     def __call__(self, task: Task) -> list[int]:
         """A format is the `encode` callable of scalerl/rollout/multiturn.py, which also renders later turns with it."""
         return self.encode(task)
 
     def encode(self, task: Task) -> list[int]:
+        """A task's prompt tokens, refused or cut when longer than `max_tokens`."""
+        ids = self.encode_whole(task)
+        if self.max_tokens is None or len(ids) <= self.max_tokens:
+            return ids
+        if self.truncate == "error":
+            raise ScaleRLError(f"a prompt has {len(ids)} tokens, more than the {self.max_tokens} that fit with the completion "
+                               f"(prompt {task.prompt[:40]!r}); set rollout.truncate_prompts=left or right, or shorten it")
+        self.cut[0] += 1
+        return ids[-self.max_tokens:] if self.truncate == "left" else ids[: self.max_tokens]
+
+    def lengths(self, tasks) -> list[int]:
+        """Each task's prompt length in tokens, uncut (raw prompts are tokenized in one batch)."""
+        if self.template is None and all(self.task_messages(t) is None for t in tasks):
+            return [len(ids) for ids in self.tokenizer([t.prompt for t in tasks], verbose=False)["input_ids"]] if tasks else []
+        return [len(self.encode_whole(t)) for t in tasks]
+
+    def encode_whole(self, task: Task) -> list[int]:
         if self.template is None:
             if self.task_messages(task) is not None:
                 raise ScaleRLError("a task holds chat messages but env.chat_template=none (or the tokenizer has no template); "
                                    "set env.chat_template=auto with a tokenizer that has one, or env.chat_template=FILE")
-            return self.tokenizer(task.prompt)["input_ids"]
+            return self.tokenizer(task.prompt, verbose=False)["input_ids"]  # (a prompt too long is this module's to report)
         return self.render(self.conversation(task))
 
     @staticmethod
@@ -67,7 +87,7 @@ class PromptFormat:
                                                   add_generation_prompt=True)
 
     def render(self, messages: list[dict[str, str]]) -> list[int]:
-        return self.tokenizer(self.text(self.with_system(messages)), add_special_tokens=False)["input_ids"]
+        return self.tokenizer(self.text(self.with_system(messages)), add_special_tokens=False, verbose=False)["input_ids"]
 
     def continuation(self, messages: list[dict[str, str]], turn: str, observation: dict[str, str]) -> list[int]:
         """The tokens that follow the policy's `turn` (its text) and the end-of-turn token after it, when

@@ -138,7 +138,8 @@ def run_producer(spec: ProducerSpec) -> int:
     tokenizer = load_tokenizer(config.model)
     policy = build_policy(config, ctx.device)
     policy.eval()
-    worker = build_rollout(config, ctx, spec.run_dir, policy, tokenizer, lambda: autocast_context(config.precision_policy, ctx.device))
+    worker = build_rollout(config, ctx, spec.run_dir, policy, tokenizer, lambda: autocast_context(config.precision_policy, ctx.device),
+                           announce=False)  # the trainer warned of cut prompts already
     if spec.state is not None:
         worker.load_state_dict(spec.state)
     weights = policy.state_dict()

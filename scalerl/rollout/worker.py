@@ -23,6 +23,7 @@ from scalerl.distributed.context import DistContext
 from scalerl.rewards.pipeline import RewardPipeline
 from scalerl.rewards.scorer import RewardScorer
 from scalerl.rollout.base import Sampler
+from scalerl.rollout.chat import PromptFormat
 from scalerl.rollout.evaluation import pass_rate
 from scalerl.rollout.multiturn import sample_episodes
 from scalerl.rollout.replay_mix import ReplayMixer
@@ -66,6 +67,11 @@ class RolloutWorker:
                                                      max_tasks=2**31, batch_size=64)
 
     @property
+    def cuts_prompts(self) -> bool:
+        """Whether the prompt encoding cuts prompts that do not fit (rollout.truncate_prompts left or right)."""
+        return isinstance(self.encode, PromptFormat) and self.encode.max_tokens is not None and self.encode.truncate != "error"
+
+    @property
     def version(self) -> int:
         return self.sampler.version
 
@@ -76,10 +82,13 @@ class RolloutWorker:
     def produce(self, step: int) -> ScoredBatch:
         """Sample, score and filter one step's batch."""
         tasks = self.stream.next_batch()
+        cut_before = self.encode.cut[0] if self.cuts_prompts else 0
         rollout, completions = sample_episodes(self.sampler, self.env, tasks, self.tokenizer, self.params, self.seeds(step),
                                                max_turns=self.max_turns, encode=self.encode)
         generated = int(rollout.completion_mask.sum())  # before any filtering
         rewards, task_rewards, metrics = self.rewards(step, tasks, rollout, completions)
+        if self.cuts_prompts:  # the prompts of this step's batch (all ranks) cut to fit (rollout.truncate_prompts)
+            metrics["prompts_truncated"] = float(self.ctx.sum(torch.tensor([float(self.encode.cut[0] - cut_before)])).item())
         metrics.update(self.filter(tasks, rollout, rewards))
         group_ids = rollout.group_ids.tolist()
         batch = ScoredBatch(rollout, rewards, task_rewards, policy_version=self.version,

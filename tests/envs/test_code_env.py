@@ -118,15 +118,17 @@ def test_env_pickles_and_scores_from_worker_processes(env):
 
 @pytest.mark.slow
 def test_trainer_runs_with_the_code_env(runs):
-    """The built-in char model cannot write Python (its prompts here exceed its 64 positions and its
-    vocabulary lacks newlines): the point is that the whole loop runs and scores it 0."""
+    """The built-in char model cannot write Python (its prompts here exceed its 64 positions, so they are cut
+    to their last 56 tokens by rollout.truncate_prompts=left, and its vocabulary lacks newlines): the point is
+    that the whole loop runs and scores it 0."""
     overrides = tiny_overrides(runs, "code", **{"env.name": "code", "train.steps": 2, "rollout.prompts_per_step": 2,
                                                 "rollout.group_size": 2, "rollout.max_new_tokens": 8, "eval.every": 2,
-                                                "eval.max_tasks": 2})
+                                                "eval.max_tasks": 2, "rollout.truncate_prompts": "left"})
     proc = run_cli("-m", "scalerl.cli.main", "train", *[a for k, v in overrides.items() for a in ("--set", f"{k}={v}")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = read_metrics(runs / "code")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["reward_mean"] == 0.0 for r in rows)
+    assert [r["prompts_truncated"] for r in rows] == [2, 2]  # every code prompt is longer than 56 tokens
     summary = json.loads((runs / "code" / "summary.json").read_text())
     assert summary["pass_rate_before"] == summary["pass_rate_after"] == 0.0
