@@ -45,7 +45,7 @@ def test_three_batches_train_in_turn_and_a_forced_regression_rolls_back(tmp_path
         assert [row["step"] for row in rows] == [1, 2, 3]
     seg2 = load_config(root / "segments" / "0002" / "config.yaml")
     assert seg2.model.path.endswith("segments/0001/checkpoints/step_0000003")  # continued from the first segment's policy
-    assert seg2.env.args["train_file"] == str(files[1].resolve())
+    assert seg2.env.args["data_file"] == str(files[1].resolve())  # continual.data_arg: data_file, one name for the data file
     assert seg2.replay.init_from is not None and "0001" in str(seg2.replay.init_from)  # the replay cache carried over
     assert read_metrics(root / "segments" / "0002")[0]["replay/groups"] > 0  # ... and replayed from the first step
     validated = loop.state.validated
