@@ -68,32 +68,16 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
 
-    # The input rewritten before the sections read it (scalerl/config/presets.py). Pydantic runs "before"
-    # validators last-defined first: the preset, the cluster preset, compressed's checkpointing, then the older spellings.
     @model_validator(mode="before")
     @classmethod
-    def _top_level_reward_keys(cls, data: Any) -> Any:
+    def _rewrite_input(cls, data: Any) -> Any:
+        """The input rewritten before the sections read it (scalerl/config/presets.py), in this order: the preset,
+        the cluster preset, compressed's checkpointing, then the older spellings."""
+        data = apply_preset(data)
+        data = apply_cluster_preset(data, os.environ)
+        data = compressed_checkpoints(data)
+        data = legacy_precision(data)
         return top_level_reward_keys(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_precision(cls, data: Any) -> Any:
-        return legacy_precision(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _compressed_checkpoints(cls, data: Any) -> Any:
-        return compressed_checkpoints(data)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_cluster_preset(cls, data: Any) -> Any:
-        return apply_cluster_preset(data, os.environ)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _apply_preset(cls, data: Any) -> Any:
-        return apply_preset(data)
 
     _plan: BatchPlan = PrivateAttr()
     _precision: PrecisionPolicy = PrivateAttr()
