@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -65,22 +66,33 @@ def fault(request):
     """record(area, fault, outcome): one row of docs/reliability.md, kept when the test ends."""
     rows: list[dict] = []
 
+    position = request.session.items.index(request.node)  # the table follows collection order, whichever worker ran it
+
     def record(area: str, fault: str, outcome: str) -> None:
-        rows.append({"area": area, "fault": fault, "outcome": outcome, "test": request.node.nodeid})
+        rows.append({"area": area, "fault": fault, "outcome": outcome, "test": request.node.nodeid, "pos": position})
 
     yield record
     verdict = getattr(request.node, "_fault_verdict", "FAILED")
     _ROWS.extend({**row, "verdict": verdict} for row in rows)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist: the controller gathers the rows each worker recorded (see pytest_sessionfinish)."""
+    _ROWS.extend(json.loads(node.workeroutput.get("fault_rows", "[]")))
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # an xdist worker: hand the rows to the controller
+        session.config.workeroutput["fault_rows"] = json.dumps(_ROWS)
+        return
     target = session.config.getoption("--reliability-doc", default=None)
     if not target or not _ROWS:
         return
     order = {}
-    for row in _ROWS:
+    for row in sorted(_ROWS, key=lambda r: r["pos"]):
         order.setdefault(row["area"], len(order))
-    rows = sorted(_ROWS, key=lambda r: order[r["area"]])
+    rows = sorted(_ROWS, key=lambda r: (order[r["area"]], r["pos"]))
     held = sum(r["verdict"] == "held" for r in rows)
     areas = ", ".join(f"{area} {sum(r['area'] == area for r in rows)}" for area in order)
     lines = [

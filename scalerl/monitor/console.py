@@ -74,7 +74,7 @@ class RunConsole:
         table.add_column(style="bold", no_wrap=True)
         table.add_column(overflow="fold")  # a long run directory wraps rather than being cut
         rows = [
-            ("held-out pass rate", f"{_fmt(summary['pass_rate_before'])} → {_fmt(summary['pass_rate_after'])}"),
+            (f"held-out {summary.get('eval_metric', 'pass rate')}", f"{_fmt(summary['pass_rate_before'])} → {_fmt(summary['pass_rate_after'])}"),
             ("steps", str(summary["steps"])),
             ("wall time", f"{summary['wall_time_s']:.1f} s"),
             ("generated tokens/s", f"{summary['tokens_per_s']:.0f}"),

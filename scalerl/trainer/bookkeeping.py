@@ -25,6 +25,7 @@ from scalerl.monitor.metrics import MetricsLogger, NullLogger
 from scalerl.monitor.sinks import build_sinks
 from scalerl.predict.time_estimate import TimeEstimator
 from scalerl.rewards.dump import write_eval_samples
+from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.base import RolloutSide
 from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.health_guard import HealthGuard
@@ -178,7 +179,9 @@ class Bookkeeping:
                    "steps": self.config.train.steps, "wall_time_s": time.perf_counter() - self.wall_start,
                    "train_time_s": t["train_time_s"], "loop_time_s": loop_s, "eval_time_s": t["eval_time_s"],
                    "checkpoint_time_s": t["checkpoint_time_s"], "tokens_per_s": self.tokens / max(t["train_time_s"], 1e-9),
-                   "run_dir": str(self.run_dir), **self.phase}
+                   "run_dir": str(self.run_dir), **self.phase,
+                   # what eval/pass_rate measures: the environment's verifier, or the fused reward where it has none
+                   "eval_metric": "pass rate" if env_has_verifier(self.config.env.name) else "mean reward"}
         summary.update(self.eta.summary(summary["wall_time_s"]))  # how good the live time estimate made at 10% was
         if self.ctx.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -49,6 +49,7 @@ def test_model_object_rows_and_a_column_reward_train_evaluate_and_save(runs, tmp
                       config=tiny(runs, "api"), overrides={"optim.lr": 1e-3})
     summary = trainer.train()
     assert summary["steps"] == 5
+    assert summary["eval_metric"] == "mean reward"  # no verifier: the console calls it a mean reward, not a pass rate
     assert trainer.config.optim.lr == 1e-3  # overrides on top of the config dict
     by_prompt = {f"spell {r['word']}": r for r in ROWS}
     training_calls = [c for c in calls if len(c[0]) == 8]  # 2 prompts x 4 completions per step

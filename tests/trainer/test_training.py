@@ -41,8 +41,9 @@ def test_scalerl_train_raises_reward_and_pass_rate(runs):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["time_upper_at_10pct_s"] >= summary["time_estimate_at_10pct_s"] > 0
     assert summary["pass_rate_after"] > summary["pass_rate_before"] + 0.1, summary  # measured: 0.325 -> 0.495
+    assert summary["eval_metric"] == "pass rate"  # the arithmetic environment has a verifier
     folded = "".join(ch for ch in proc.stdout if not ch.isspace() and ch != "│")  # the table wraps long paths
-    assert "runsummary" in folded and str(run) in folded
+    assert "runsummary" in folded and "held-outpassrate" in folded and str(run) in folded
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "step_0000060" / "COMPLETE").is_file()
 
     # TensorBoard's own reader sees the same reward series.
