@@ -74,7 +74,7 @@ def run_episodes(endpoint: OpenAIEndpoint, env: AgentEnv, tasks: Sequence[Task],
 
     async def main() -> list[EpisodeResult]:
         gate, loop = asyncio.Semaphore(limit), asyncio.get_running_loop()
-        threads = None if inspect.iscoroutinefunction(fn) else ThreadPoolExecutor(max_workers=min(limit, len(jobs)),
+        threads = None if inspect.iscoroutinefunction(fn) else ThreadPoolExecutor(max_workers=max(1, min(limit, len(jobs))),
                                                                                    thread_name_prefix="scalerl-episode")
 
         async def one(task: Task, seed: int | None) -> EpisodeResult:
