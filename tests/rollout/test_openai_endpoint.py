@@ -211,3 +211,15 @@ def test_ten_steps_of_agent_episodes_raise_the_reward_on_a_tool_task(tmp_path):
     finally:
         rollout.close()
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.2, rewards  # measured: 0.22 → 0.53
+
+
+def test_without_the_serve_extra_one_line_names_it(monkeypatch):
+    import sys
+
+    from scalerl.errors import ScaleRLError
+    from scalerl.rollout.openai_server import OpenAIEndpoint
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed: `import uvicorn` raises ImportError
+    with pytest.raises(ScaleRLError, match=r"^the OpenAI-compatible endpoint \(env.name=agent\) needs fastapi and uvicorn: "
+                                           r"pip install 'scalerl\[serve\]'$"):
+        OpenAIEndpoint(None, None, template=None, stop_ids=[2], defaults=PARAMS)
