@@ -30,6 +30,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
@@ -92,7 +93,7 @@ class OpenAIEndpoint:
         self._count = itertools.count()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._server = self._thread = self._batcher = None
-        self.batches: list[int] = []  # requests per engine call, for a reader (tests, diagnostics)
+        self.batches: deque[int] = deque(maxlen=1000)  # requests per recent engine call, for a reader (tests, diagnostics)
 
     # The Sampler protocol: the engine's, under the lock.
     @property
