@@ -3,11 +3,15 @@
 The subset agent frameworks use, and nothing that would silently sample something else than asked:
 
     /v1/chat/completions   messages, tools (rendered by the chat template), tool_choice auto or none,
-                           temperature, top_p, max_tokens (or max_completion_tokens), stop, n, seed, logprobs
-    /v1/completions        prompt (text, or token ids), temperature, top_p, max_tokens, stop, n, seed, logprobs
+                           temperature, top_p, max_tokens (or max_completion_tokens), stop, n, seed, logprobs, stream
+    /v1/completions        prompt (text, or token ids), temperature, top_p, max_tokens, stop, n, seed, logprobs, stream
+
+`stream: true` is answered as server-sent events, the whole reply in one chunk per choice once it is sampled
+(the engine samples a batch at a time, not token by token), then `[DONE]`; `stream_options.include_usage` adds
+the usage chunk.
 
 Fields the server cannot honour are refused with `BadRequest` (HTTP 400 naming the field and why) unless they
-hold their neutral value (`stream: false`, `presence_penalty: 0`, ...); an unknown field is refused too, so a
+hold their neutral value (`presence_penalty: 0`, `logit_bias: {}`, ...); an unknown field is refused too, so a
 client's option is never dropped without a word. `model` may be any name: the endpoint serves one policy.
 """
 
@@ -21,12 +25,12 @@ ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 # field -> the values that mean "not used" (accepted and ignored); any other value is refused
 NEUTRAL: dict[str, tuple] = {
-    "stream": (False, None), "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
+    "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
     "logit_bias": (None, {}), "top_logprobs": (None, 0), "echo": (False, None), "best_of": (None, 1), "suffix": (None, ""),
-    "response_format": (None, {"type": "text"}), "stream_options": (None,), "service_tier": (None, "auto", "default"),
+    "response_format": (None, {"type": "text"}), "service_tier": (None, "auto", "default"),
 }
 IGNORED = {"user", "parallel_tool_calls", "metadata", "store"}  # bookkeeping fields with no effect on sampling
-SAMPLING = {"model", "temperature", "top_p", "max_tokens", "n", "stop", "seed"}
+SAMPLING = {"model", "temperature", "top_p", "max_tokens", "n", "stop", "seed", "stream", "stream_options"}
 CHAT_FIELDS = SAMPLING | {"messages", "tools", "tool_choice", "max_completion_tokens", "logprobs"}
 COMPLETION_FIELDS = SAMPLING | {"prompt", "logprobs"}
 
@@ -53,6 +57,8 @@ class Sampling:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     logprobs: bool = False
+    stream: bool = False  # answer as server-sent events
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 @dataclass(frozen=True)
@@ -119,8 +125,14 @@ def _sampling(body: dict, max_n: int, logprobs: bool) -> Sampling:
         if max_tokens is not None:
             raise BadRequest("give max_tokens or max_completion_tokens, not both", "max_completion_tokens")
         max_tokens = _int(body, "max_completion_tokens", 1)
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream not in (None, True, False):
+        raise BadRequest(f"stream must be true or false, got {stream!r}", "stream")
+    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise BadRequest(f"stream_options must be {{\"include_usage\": true|false}} with stream: true, got {options!r}", "stream_options")
     return Sampling(temperature=_number(body, "temperature", 0.0, 2.0), top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
-                    max_tokens=max_tokens, n=_int(body, "n", 1, max_n) or 1, stop=stops, seed=seed, logprobs=logprobs)
+                    max_tokens=max_tokens, n=_int(body, "n", 1, max_n) or 1, stop=stops, seed=seed, logprobs=logprobs,
+                    stream=bool(stream), include_usage=bool((options or {}).get("include_usage")))
 
 
 def _content(message: dict, i: int) -> str:

@@ -18,7 +18,8 @@ A call that continues an earlier one of the episode gets its prompt from token i
 (scalerl/rollout/episode_calls.py), so the episode becomes one training row (scalerl/rollout/agents.py).
 Requests to the plain `base_url()` are served with the endpoint's defaults and not recorded.
 
-Responses are OpenAI's, plus `prompt_token_ids` and each choice's `token_ids` (as vLLM returns them on request).
+Responses are OpenAI's, plus `prompt_token_ids` and each choice's `token_ids` (as vLLM returns them on request);
+with `stream: true`, the same as server-sent events (one chunk per choice once sampled, then `[DONE]`).
 """
 
 # no `from __future__ import annotations`: FastAPI reads the routes' annotations (`Request`, imported in build_app)
@@ -57,6 +58,32 @@ def require_serve_extra() -> None:
 
 class UnknownEpisode(Exception):
     pass
+
+
+@dataclass
+class Stream:
+    """A reply to send as server-sent events: these chunks, then `[DONE]`."""
+
+    chunks: list[dict]
+
+
+def stream_chunks(response: dict, include_usage: bool) -> Stream:
+    """A whole response as the chunks OpenAI streams: each choice's text at once, its finish reason, the usage."""
+    head = {k: response[k] for k in ("id", "created", "model")}
+    chat = response["object"] == "chat.completion"
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    chunks = []
+    for c in response["choices"]:
+        if chat:
+            delta = {"index": c["index"], "delta": {"role": "assistant", "content": c["message"]["content"]}, "logprobs": c["logprobs"],
+                     "finish_reason": None, "token_ids": c["token_ids"]}
+            chunks += [{**head, "object": kind, "choices": [delta]},
+                       {**head, "object": kind, "choices": [{"index": c["index"], "delta": {}, "finish_reason": c["finish_reason"]}]}]
+        else:
+            chunks.append({**head, "object": kind, "choices": [c]})
+    if include_usage:
+        chunks.append({**head, "object": kind, "choices": [], "usage": response["usage"]})
+    return Stream(chunks)
 
 
 @dataclass
@@ -165,7 +192,7 @@ class OpenAIEndpoint:
         return episode
 
     # Requests (in the server's event loop).
-    async def chat(self, eid: str | None, body) -> dict:
+    async def chat(self, eid: str | None, body) -> dict | Stream:
         episode = self._episode(eid)
         req = parse_chat(body, self.max_n)
         call = self.prompts.chat(episode.calls, req)
@@ -173,9 +200,10 @@ class OpenAIEndpoint:
         choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "finish_reason": c.finish_reason,
                     "logprobs": {"content": self._token_logprobs(c)} if req.sampling.logprobs else None, "token_ids": list(c.ids)}
                    for i, c in enumerate(call.choices)]
-        return self._response("chat.completion", req.model, call, choices)
+        response = self._response("chat.completion", req.model, call, choices)
+        return stream_chunks(response, req.sampling.include_usage) if req.sampling.stream else response
 
-    async def complete(self, eid: str | None, body) -> dict:
+    async def complete(self, eid: str | None, body) -> dict | Stream:
         episode = self._episode(eid)
         req = parse_completion(body, self.max_n, len(self.tokenizer))
         call = self.prompts.completion(episode.calls, req)
@@ -184,7 +212,8 @@ class OpenAIEndpoint:
                     "logprobs": {"tokens": [e["token"] for e in self._token_logprobs(c)], "token_logprobs": list(c.logprobs),
                                  "top_logprobs": None} if req.sampling.logprobs else None}
                    for i, c in enumerate(call.choices)]
-        return self._response("text_completion", req.model, call, choices)
+        response = self._response("text_completion", req.model, call, choices)
+        return stream_chunks(response, req.sampling.include_usage) if req.sampling.stream else response
 
     def _response(self, kind: str, model: str, call: Call, choices: list[dict]) -> dict:
         generated = sum(len(c.ids) for c in call.choices)
@@ -287,18 +316,24 @@ class OpenAIEndpoint:
 
 def build_app(endpoint: OpenAIEndpoint):
     """The FastAPI app: the two routes, plain and per episode, and /v1/models."""
+    import json
+
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
 
     app = FastAPI(title="ScaleRL policy endpoint")
 
-    async def respond(handler, eid: str | None, request: Request) -> JSONResponse:
+    async def respond(handler, eid: str | None, request: Request):
         try:
             body = await request.json()
         except Exception:
             return JSONResponse(BadRequest("the request body is not valid JSON").body(), status_code=400)
         try:
-            return JSONResponse(await handler(eid, body))
+            reply = await handler(eid, body)
+            if isinstance(reply, Stream):
+                events = [f"data: {json.dumps(chunk)}\n\n" for chunk in reply.chunks] + ["data: [DONE]\n\n"]
+                return StreamingResponse(iter(events), media_type="text/event-stream")
+            return JSONResponse(reply)
         except BadRequest as err:
             return JSONResponse(err.body(), status_code=400)
         except UnknownEpisode as err:

@@ -115,7 +115,8 @@ def test_bad_requests_get_one_400_and_the_server_goes_on(served):
     client = openai.OpenAI(base_url=endpoint.base_url(), api_key="none", max_retries=0)
     user = [{"role": "user", "content": "1+1="}]
     bad = [
-        ({"messages": user, "stream": True}, "stream"),
+        ({"messages": user, "stream": "yes"}, "stream"),
+        ({"messages": user, "top_logprobs": 3, "logprobs": True}, "top_logprobs"),
         ({"messages": user, "tool_choice": "required", "tools": TOOLS}, "tool_choice"),
         ({"messages": user, "temperature": 5}, "temperature"),
         ({"messages": user, "n": 0}, "n"),
@@ -139,6 +140,11 @@ def test_bad_requests_get_one_400_and_the_server_goes_on(served):
     reply = client.chat.completions.create(model="policy", messages=user, max_tokens=3, logprobs=True, stop=["9"])
     assert reply.choices[0].finish_reason in ("stop", "length") and len(reply.choices[0].logprobs.content) <= 3
     assert "9" not in reply.choices[0].message.content
+    whole = client.chat.completions.create(model="policy", messages=user, max_tokens=4, seed=7, n=2)
+    chunks = list(client.chat.completions.create(model="policy", messages=user, max_tokens=4, seed=7, n=2, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)]
+    assert streamed == [c.message.content for c in whole.choices] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
 
 
 def test_completions_continue_from_the_sampled_ids(served):
@@ -153,6 +159,10 @@ def test_completions_continue_from_the_sampled_ids(served):
     assert calls[1].prompt_ids == calls[0].prompt_ids + sampled + tok(" =3", add_special_tokens=False)["input_ids"]
     assert second.model_extra["prompt_token_ids"] == calls[1].prompt_ids and calls[1].parent == (0, 0)
     assert first.choices[0].logprobs.token_logprobs == list(calls[0].choices[0].logprobs)
+    plain = openai.OpenAI(base_url=endpoint.base_url(), api_key="none", max_retries=0)
+    whole = plain.completions.create(model="policy", prompt="12*34=", max_tokens=4, seed=3)
+    assert "".join(c.choices[0].text for c in plain.completions.create(model="policy", prompt="12*34=", max_tokens=4, seed=3,
+                                                                       stream=True)) == whole.choices[0].text
     with pytest.raises(openai.NotFoundError):  # the episode is over
         client.completions.create(model="policy", prompt="1", max_tokens=1)
 
