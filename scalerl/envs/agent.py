@@ -85,6 +85,7 @@ class AgentEnv:
         if held >= len(tasks) and tasks:
             raise ScaleRLError(f"env.args.eval_size: {held} leaves no training tasks out of {len(tasks)}; lower it")
         self._train, self._eval = tasks[: len(tasks) - held], tasks[len(tasks) - held:]
+        self.episode_function()  # a name that does not import fails here, before any step
 
     def episode_function(self) -> Callable:
         fn = import_object(self.config.episode, "env.args.episode", example="my_agent:episode")

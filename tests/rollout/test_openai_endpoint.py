@@ -232,3 +232,13 @@ def test_without_the_serve_extra_one_line_names_it(monkeypatch):
     with pytest.raises(ScaleRLError, match=r"^the OpenAI-compatible endpoint \(env.name=agent\) needs fastapi and uvicorn: "
                                            r"pip install 'scalerl\[serve\]'$"):
         OpenAIEndpoint(None, None, template=None, stop_ids=[2], defaults=PARAMS)
+
+
+def test_an_agent_environment_that_cannot_run_fails_when_built():
+    from scalerl.envs.registry import build_env
+    from scalerl.errors import ScaleRLError
+
+    with pytest.raises(ScaleRLError, match="env.args.episode: cannot import module 'no_such_agent'"):
+        build_env("agent", {"episode": "no_such_agent:episode", "tasks": [{"prompt": "1"}, {"prompt": "2"}]})
+    with pytest.raises(ScaleRLError, match="give data_file or tasks"):
+        build_env("agent", {"episode": "agent_episodes:tool_episode"})
