@@ -45,13 +45,15 @@ class Completion:
     False when generation stopped at `max_new_tokens` instead. In a multi-turn episode `text` and
     `token_ids` span every turn and observation (the EOS ending each earlier turn included), and
     `turns` is the transcript: policy turn, observation, ..., policy turn, each turn without its EOS;
-    single-turn completions leave `turns` empty.
+    single-turn completions leave `turns` empty. `reward` is the reward an agent episode's own code returned
+    (scalerl/envs/agent.py), None for every other completion and for an episode that failed.
     """
 
     text: str
     token_ids: tuple[int, ...]
     finished: bool
     turns: tuple[str, ...] = ()
+    reward: float | None = None
 
     @property
     def final_turn(self) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from scalerl.envs.agent import AgentEnv
 from scalerl.envs.arithmetic import ArithmeticEnv
 from scalerl.envs.base import Environment
 from scalerl.envs.calculator import CalculatorEnv
@@ -18,7 +19,8 @@ from scalerl.errors import ScaleRLError
 from scalerl.plugins import import_object
 from scalerl.types import Completion, Task
 
-ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv, "calculator": CalculatorEnv, "math": MathEnv, "reward_model": OpenPromptsEnv, "code": CodeEnv}
+ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv, "calculator": CalculatorEnv, "math": MathEnv, "reward_model": OpenPromptsEnv, "code": CodeEnv,
+                               "agent": AgentEnv}
 
 
 def resolve_env_class(name: str) -> type:

@@ -15,6 +15,7 @@ import torch
 
 from scalerl.config import Config
 from scalerl.distributed.context import DistContext
+from scalerl.envs.agent import AgentEnv
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
 from scalerl.replay.buffer import ReplayBuffer
@@ -92,6 +93,13 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     prompts = fit_prompts(config, prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer), env,
                           model_positions(policy), log.warning if announce and ctx.is_main else None)
     sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir, engine)
+    ro, algo = config.rollout, config.algorithm
+    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
+                            min_new_tokens=ro.min_new_tokens)
+    if isinstance(env, AgentEnv):  # its episodes are user code that reaches the engine over HTTP (scalerl/rollout/agents.py)
+        from scalerl.rollout.agents import endpoint_for
+
+        sampler = endpoint_for(sampler, tokenizer, prompts, params, ctx.device, model_positions(policy)).start()
 
     def whole_policy() -> contextlib.ExitStack:  # the diversity penalty's policy embeddings: gathered, in the learner's precision
         stack = contextlib.ExitStack()
@@ -101,9 +109,6 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
 
     rewards = build_reward_pipeline(config.reward, env, group_size=config.rollout.group_size, policy=policy, autocast=whole_policy,
                                     ctx=ctx, run_dir=run_dir, functions=functions, deadline_s=config.health.hang.deadline_s)
-    ro, algo = config.rollout, config.algorithm
-    params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
-                            min_new_tokens=ro.min_new_tokens)
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
                          seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=engine == "hf",

@@ -38,9 +38,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from scalerl.envs.agent import AgentEnv
 from scalerl.envs.base import Environment, MultiTurnEnvironment
 from scalerl.envs.scoring import completions_of
 from scalerl.errors import ScaleRLError
+from scalerl.rollout.agents import agent_episodes
 from scalerl.rollout.base import Sampler
 from scalerl.rollout.chat import PromptFormat
 from scalerl.types import Completion, Rollout, SamplingParams, Task, derive_seed
@@ -65,7 +67,10 @@ def sample_episodes(sampler: Sampler, env: Environment, tasks: Sequence[Task], t
     single turn (`max_turns` 1), or whole episodes (`multi_turn_rollout`) for an environment with
     a `step` method. `seeds`: one per task (None for greedy decoding); `encode`: a task's prompt
     tokens, a `PromptFormat` (scalerl/rollout/chat.py) to render later turns through its template
-    too (default: the raw prompt)."""
+    too (default: the raw prompt). An agent environment (scalerl/envs/agent.py) runs its own episodes against the
+    OpenAI-compatible endpoint instead, whatever `max_turns` is (scalerl/rollout/agents.py)."""
+    if isinstance(env, AgentEnv):
+        return agent_episodes(sampler, env, tasks, tokenizer, params, seeds, encode)
     encode = encode or (lambda task: tokenizer(task.prompt)["input_ids"])
     if max_turns == 1:
         batch = sampler.sample([encode(task) for task in tasks], params, seeds)

@@ -26,6 +26,7 @@ from scalerl.rollout.base import Sampler
 from scalerl.rollout.chat import PromptFormat
 from scalerl.rollout.evaluation import pass_rate
 from scalerl.rollout.multiturn import sample_episodes
+from scalerl.rollout.openai_server import OpenAIEndpoint
 from scalerl.rollout.replay_mix import ReplayMixer
 from scalerl.rollout.prompts import PromptStream
 from scalerl.types import Rollout, SamplingParams, ScoredBatch, Task, derive_seed
@@ -148,3 +149,5 @@ class RolloutWorker:
 
     def close(self) -> None:
         self.rewards.close()
+        if isinstance(self.sampler, OpenAIEndpoint):  # an agent environment's endpoint (scalerl/rollout/build.py)
+            self.sampler.close()
