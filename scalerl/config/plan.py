@@ -65,6 +65,19 @@ def batch_plan(*, prompts: int, group_size: int, mini_batch_size: int | None, mi
                      micro_batch_size=micro, epochs=epochs, steps=steps)
 
 
+# Positions per chunk when train.logprob_chunk_tokens is null: 2^24 / V, i.e. 64 MiB of float32 logits a chunk
+# (512 positions at a 32k vocabulary, 110 at 152k). Matmuls of that size still run near the machine's peak.
+AUTO_CHUNK_LOGITS = 2**24
+
+
+def chunk_positions(setting: int | None, vocab: int) -> int:
+    """Positions per chunk of the LM head for train.logprob_chunk_tokens `setting` (None: auto; 0: never → 0).
+    A batch with no more completion positions than this keeps its whole logits (scalerl/models/logprobs.py)."""
+    if setting is None:
+        return max(1, AUTO_CHUNK_LOGITS // vocab)
+    return setting
+
+
 MODES = ("fp32", "standard", "aggressive", "compressed")
 
 

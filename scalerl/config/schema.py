@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scalerl.config.objective_options import DistillOptions, EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
+from scalerl.config.train_options import TrainMemoryOptions
 
 
 class _Section(BaseModel):
@@ -312,7 +313,7 @@ class OptimConfig(_Section):
         return betas
 
 
-class TrainConfig(_Section):
+class TrainConfig(TrainMemoryOptions, _Section):
     steps: int = Field(300, ge=1, description="Training steps; each samples a fresh batch.")
     epochs: int = Field(1, ge=1, description="Optimisation passes over each sampled batch.")
     mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")

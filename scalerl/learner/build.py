@@ -74,14 +74,15 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
     reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference and not lora else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
     parallel = build_strategy(config.parallel, ctx, config.precision_policy)
-    policy_forward = parallel.wrap(CompletionModel(policy))
-    reference_forward = parallel.wrap(CompletionModel(reference), trainable=False) if reference is not None else None
+    chunk = config.train.logprob_chunk_tokens  # the LM head chunk by chunk (scalerl/models/chunked_logprobs.py)
+    policy_forward = parallel.wrap(CompletionModel(policy, chunk_tokens=chunk))
+    reference_forward = parallel.wrap(CompletionModel(reference, chunk_tokens=chunk), trainable=False) if reference is not None else None
     if lora:
-        reference_forward = AdaptersOff(CompletionModel(policy), policy) if algo.kl.needs_reference else None
+        reference_forward = AdaptersOff(CompletionModel(policy, chunk_tokens=chunk), policy) if algo.kl.needs_reference else None
         trained, total = trainable_fraction(policy)
         log.info("LoRA r=%d: %d of %d policy parameters train (%.2f%%)", config.model.lora.r, trained, total, 100 * trained / total)
     critic = parallel.wrap(critic) if critic is not None else None
-    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device)), trainable=False) if algo.distill_teacher else None
+    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device), chunk_tokens=chunk), trainable=False) if algo.distill_teacher else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))
