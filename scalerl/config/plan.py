@@ -15,7 +15,8 @@ class BatchPlan:
 
     A step samples `prompts` × `group_size` = `batch_size` completions per rank; the learner makes
     `epochs` passes over them, one optimizer update per mini-batch of `mini_batch_size`
-    completions, each accumulated over micro-batches of `micro_batch_size`.
+    completions, each accumulated over micro-batches of `micro_batch_size`, or, with `micro_batch_tokens`,
+    of rows packed by length under that token budget (scalerl/learner/micro_batches.py).
     """
 
     prompts: int
@@ -25,6 +26,7 @@ class BatchPlan:
     micro_batch_size: int
     epochs: int
     steps: int
+    micro_batch_tokens: int | None = None
 
     @property
     def minibatches(self) -> int:
@@ -52,17 +54,20 @@ class BatchPlan:
 
 
 def batch_plan(*, prompts: int, group_size: int, mini_batch_size: int | None, micro_batch_size: int | None,
-               epochs: int, steps: int) -> BatchPlan:
+               epochs: int, steps: int, micro_batch_tokens: int | None = None) -> BatchPlan:
     """The plan, or ValueError naming the setting that does not divide."""
     batch = prompts * group_size
     mini = mini_batch_size or batch
     micro = micro_batch_size or mini
     if batch % mini:
         raise ValueError(f"train.mini_batch_size ({mini}) must divide the batch of {batch} completions (rollout.prompts_per_step x rollout.group_size)")
+    if micro_batch_tokens is not None and micro_batch_size is not None:
+        raise ValueError("train.micro_batch_tokens and train.micro_batch_size are both set: micro-batches are cut by tokens or by rows; "
+                         "unset one of them")
     if mini % micro:
         raise ValueError(f"train.micro_batch_size ({micro}) must divide train.mini_batch_size ({mini})")
     return BatchPlan(prompts=prompts, group_size=group_size, batch_size=batch, mini_batch_size=mini,
-                     micro_batch_size=micro, epochs=epochs, steps=steps)
+                     micro_batch_size=micro, epochs=epochs, steps=steps, micro_batch_tokens=micro_batch_tokens)
 
 
 # Positions per chunk when train.logprob_chunk_tokens is null: 2^24 / V, i.e. 64 MiB of float32 logits a chunk
