@@ -129,15 +129,16 @@ class PrecisionPolicy:
 
 def precision_policy(mode: str, *, fp8: str = "auto", error_feedback: bool = True, reference_8bit: bool = False,
                      fp32_lm_head: bool = True, compute: str = "bf16", fp32_residual: bool = False) -> PrecisionPolicy:
-    """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known)."""
-    if mode not in MODES:
-        raise ValueError(f"precision.mode must be one of {', '.join(MODES)}, not {mode!r}")
+    """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known). Mode
+    auto holds fp32's values until setup chooses fp32 or standard for the device (scalerl/precision/probe.py)."""
+    if mode not in (*MODES, "auto"):
+        raise ValueError(f"precision.mode must be one of auto, {', '.join(MODES)}, not {mode!r}")
     if reference_8bit and mode != "compressed":
         raise ValueError(f"precision.reference_8bit applies to precision.mode=compressed (not {mode})")
     if compute == "fp16" and mode != "standard":
         raise ValueError(f"precision.compute=fp16 applies to precision.mode=standard (fp32 master weights; not {mode})")
     low = mode in ("aggressive", "compressed")
-    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode == "fp32" else "float16" if compute == "fp16" else "bfloat16",
+    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode in ("fp32", "auto") else "float16" if compute == "fp16" else "bfloat16",
                            weights_dtype="bfloat16" if low else "float32",
                            moments={"aggressive": "bfloat16", "compressed": "8bit"}.get(mode, "float32"),
                            fp8=fp8 if mode == "aggressive" else None, error_feedback=error_feedback and low,

@@ -142,6 +142,11 @@ class Config(_Section):
             raise ValueError("rollout.mode=async with replay is not supported yet (the buffer would live in the producer process); "
                              "set replay.kind=none or rollout.mode=sync")
 
+    def with_precision_mode(self, mode: str) -> "Config":
+        """This config with precision.mode=`mode`, derived again: precision.mode=auto's choice, made at setup where the
+        device is known (scalerl/trainer/setup.py: resolve_precision)."""
+        return self.model_copy(update={"precision": self.precision.model_copy(update={"mode": mode})})._derive()
+
     @property
     def plan(self) -> BatchPlan:
         """Batch sizes and updates per step (scalerl/config/plan.py)."""

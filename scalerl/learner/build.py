@@ -63,9 +63,11 @@ def build_teacher(config: Config, policy: torch.nn.Module, device: torch.device)
     return build_reference(teacher, config.precision_policy)
 
 
-def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None) -> Learner:
+def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None,
+                  precision_notes: tuple[str | None, str | None] = (None, None)) -> Learner:
     """Reference, critic, the parallel strategy's wrapping, optimizer and β controller around the policy; a
-    learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
+    learner of version 0. `precision_notes`: why precision.mode=auto chose
+    the mode, and a warning on an explicit mode, for the start lines. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
     the parameters for their shards)."""
     algo = config.algorithm
     # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model; with
@@ -94,4 +96,4 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
                    optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision_policy, algo=algo, optim=config.optim,
                    objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
                    temperature=config.rollout.temperature, ctx=ctx, parallel=parallel, forgetting=forgetting,
-                   teacher_forward=teacher_forward)
+                   teacher_forward=teacher_forward, precision_notes=precision_notes)

@@ -150,11 +150,14 @@ class Learner:
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
                  parallel: Strategy, forgetting: Forgetting | None = None, health: HealthConfig | None = None,
-                 offload: bool = False, teacher_forward: torch.nn.Module | None = None):
+                 offload: bool = False, teacher_forward: torch.nn.Module | None = None,
+                 precision_notes: tuple[str | None, str | None] = (None, None)):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
         `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
         `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py);
-        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped."""
+        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped; `precision_notes`: (why precision.mode=auto
+        chose this mode, a warning on an explicit mode) from scalerl/trainer/setup.py's resolve_precision: `start`
+        puts the first on the precision line, the second on a line of its own."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
         self.teacher_forward = teacher_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
@@ -165,6 +168,7 @@ class Learner:
         self.forgetting = forgetting
         self.health = health or HealthConfig()  # the responses' factors (scalerl/learner/recovery.py)
         self.offload = offload  # optim.offload, for the start-up line
+        self.precision_notes = precision_notes
         self.snapshot_step, self.kept_snapshot = 0, None  # the non-finite response's restore point
 
     @property
@@ -411,7 +415,9 @@ class Learner:
         self.kept_snapshot, self.snapshot_step = self.snapshot(), step
 
     def start(self, fresh: bool) -> list[str]:
-        lines = [describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)]
+        precision = describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)
+        why, warning = self.precision_notes
+        lines = [f"{precision}; {why}" if why else precision, *([warning] if warning else [])]
         if self.ctx.active:
             lines.append(self.parallel.describe())
         if fresh and (line := self.start_forgetting()):
