@@ -13,6 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# precision.mode=auto (the default) chooses by a timing probe (scalerl/precision/probe.py): the suite pins the probe's
+# rates to a tie, so auto runs fp32 and no explicit mode is warned about, on any machine and load (subprocesses inherit it).
+# tests/precision/test_auto_precision.py injects its own.
+os.environ["SCALERL_PRECISION_RATES"] = "fp32:1,bf16:1"
+
 
 def tiny_overrides(run_dir: Path, name: str, **extra) -> dict:
     """A few seconds of training: 4 prompts x 4 completions, 6 steps, 16 held-out tasks."""

@@ -52,10 +52,10 @@ def estimate(
         prompt_tokens, prompt_from = job.prompt_tokens(cfg, prompt_len)
         for line in job.describe_workload(cfg, job.workload_sources(config, overrides), prompt_tokens, prompt_from):
             print(line)
-        mode = cfg.precision.mode
+        mode = "fp32" if cfg.precision.mode == "auto" else cfg.precision.mode  # auto: fp32 or standard by the device; fp32's is the larger
         mem = job.component_memory(cfg, shape, mode, optim_8bit, prompt_tokens)
         print(f"model: {shape.params / 1e6:,.2f}M parameters ({f'--model-size {model_size}, a Llama-2 shape' if model_size else cfg.model.path}), "
-              f"precision {mode}"
+              f"precision {mode}{' (precision.mode=auto, estimated as fp32)' if cfg.precision.mode == 'auto' else ''}"
               f"{', 8-bit AdamW' if optim_8bit else ''}, micro-batch {micro}")
         if cfg.model.lora.enabled:
             print(f"LoRA r={cfg.model.lora.r} on {cfg.model.lora.target_modules}: weights, gradients and optimizer are the adapters'; "

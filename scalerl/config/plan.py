@@ -15,7 +15,8 @@ class BatchPlan:
 
     A step samples `prompts` × `group_size` = `batch_size` completions per rank; the learner makes
     `epochs` passes over them, one optimizer update per mini-batch of `mini_batch_size`
-    completions, each accumulated over micro-batches of `micro_batch_size`.
+    completions, each accumulated over micro-batches of `micro_batch_size`, or, with `micro_batch_tokens`,
+    of rows packed by length under that token budget (scalerl/learner/micro_batches.py).
     """
 
     prompts: int
@@ -25,6 +26,7 @@ class BatchPlan:
     micro_batch_size: int
     epochs: int
     steps: int
+    micro_batch_tokens: int | None = None
 
     @property
     def minibatches(self) -> int:
@@ -52,17 +54,33 @@ class BatchPlan:
 
 
 def batch_plan(*, prompts: int, group_size: int, mini_batch_size: int | None, micro_batch_size: int | None,
-               epochs: int, steps: int) -> BatchPlan:
+               epochs: int, steps: int, micro_batch_tokens: int | None = None) -> BatchPlan:
     """The plan, or ValueError naming the setting that does not divide."""
     batch = prompts * group_size
     mini = mini_batch_size or batch
     micro = micro_batch_size or mini
     if batch % mini:
         raise ValueError(f"train.mini_batch_size ({mini}) must divide the batch of {batch} completions (rollout.prompts_per_step x rollout.group_size)")
+    if micro_batch_tokens is not None and micro_batch_size is not None:
+        raise ValueError("train.micro_batch_tokens and train.micro_batch_size are both set: micro-batches are cut by tokens or by rows; "
+                         "unset one of them")
     if mini % micro:
         raise ValueError(f"train.micro_batch_size ({micro}) must divide train.mini_batch_size ({mini})")
     return BatchPlan(prompts=prompts, group_size=group_size, batch_size=batch, mini_batch_size=mini,
-                     micro_batch_size=micro, epochs=epochs, steps=steps)
+                     micro_batch_size=micro, epochs=epochs, steps=steps, micro_batch_tokens=micro_batch_tokens)
+
+
+# Positions per chunk when train.logprob_chunk_tokens is null: 2^24 / V, i.e. 64 MiB of float32 logits a chunk
+# (512 positions at a 32k vocabulary, 110 at 152k). Matmuls of that size still run near the machine's peak.
+AUTO_CHUNK_LOGITS = 2**24
+
+
+def chunk_positions(setting: int | None, vocab: int) -> int:
+    """Positions per chunk of the LM head for train.logprob_chunk_tokens `setting` (None: auto; 0: never → 0).
+    A batch with no more completion positions than this keeps its whole logits (scalerl/models/logprobs.py)."""
+    if setting is None:
+        return max(1, AUTO_CHUNK_LOGITS // vocab)
+    return setting
 
 
 MODES = ("fp32", "standard", "aggressive", "compressed")
@@ -111,15 +129,16 @@ class PrecisionPolicy:
 
 def precision_policy(mode: str, *, fp8: str = "auto", error_feedback: bool = True, reference_8bit: bool = False,
                      fp32_lm_head: bool = True, compute: str = "bf16", fp32_residual: bool = False) -> PrecisionPolicy:
-    """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known)."""
-    if mode not in MODES:
-        raise ValueError(f"precision.mode must be one of {', '.join(MODES)}, not {mode!r}")
+    """The policy of `precision.mode` (the fp8 backend `auto` is resolved at setup, where the device is known). Mode
+    auto holds fp32's values until setup chooses fp32 or standard for the device (scalerl/precision/probe.py)."""
+    if mode not in (*MODES, "auto"):
+        raise ValueError(f"precision.mode must be one of auto, {', '.join(MODES)}, not {mode!r}")
     if reference_8bit and mode != "compressed":
         raise ValueError(f"precision.reference_8bit applies to precision.mode=compressed (not {mode})")
     if compute == "fp16" and mode != "standard":
         raise ValueError(f"precision.compute=fp16 applies to precision.mode=standard (fp32 master weights; not {mode})")
     low = mode in ("aggressive", "compressed")
-    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode == "fp32" else "float16" if compute == "fp16" else "bfloat16",
+    return PrecisionPolicy(mode=mode, autocast_dtype=None if mode in ("fp32", "auto") else "float16" if compute == "fp16" else "bfloat16",
                            weights_dtype="bfloat16" if low else "float32",
                            moments={"aggressive": "bfloat16", "compressed": "8bit"}.get(mode, "float32"),
                            fp8=fp8 if mode == "aggressive" else None, error_feedback=error_feedback and low,

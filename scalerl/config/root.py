@@ -88,7 +88,7 @@ class Config(_Section):
         """Derive once, when the config is built: every consumer reads these, none re-derives them."""
         self._plan = batch_plan(prompts=self.rollout.prompts_per_step, group_size=self.rollout.group_size,
                                 mini_batch_size=self.train.mini_batch_size, micro_batch_size=self.train.micro_batch_size,
-                                epochs=self.train.epochs, steps=self.train.steps)
+                                epochs=self.train.epochs, steps=self.train.steps, micro_batch_tokens=self.train.micro_batch_tokens)
         pr = self.precision
         self._precision = precision_policy(pr.mode, fp8=pr.fp8, error_feedback=pr.error_feedback, reference_8bit=pr.reference_8bit,
                                            fp32_lm_head=self.model.fp32_lm_head, compute=pr.compute, fp32_residual=pr.fp32_residual)
@@ -141,6 +141,11 @@ class Config(_Section):
         if self.replay.kind != "none":
             raise ValueError("rollout.mode=async with replay is not supported yet (the buffer would live in the producer process); "
                              "set replay.kind=none or rollout.mode=sync")
+
+    def with_precision_mode(self, mode: str) -> "Config":
+        """This config with precision.mode=`mode`, derived again: precision.mode=auto's choice, made at setup where the
+        device is known (scalerl/trainer/setup.py: resolve_precision)."""
+        return self.model_copy(update={"precision": self.precision.model_copy(update={"mode": mode})})._derive()
 
     @property
     def plan(self) -> BatchPlan:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scalerl.config.objective_options import DistillOptions, EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
+from scalerl.config.train_options import TrainMemoryOptions
 
 
 class _Section(BaseModel):
@@ -312,7 +313,7 @@ class OptimConfig(_Section):
         return betas
 
 
-class TrainConfig(_Section):
+class TrainConfig(TrainMemoryOptions, _Section):
     steps: int = Field(300, ge=1, description="Training steps; each samples a fresh batch.")
     epochs: int = Field(1, ge=1, description="Optimisation passes over each sampled batch.")
     mini_batch_size: int | None = Field(None, ge=1, description="Completions per optimizer step; default: the whole batch.")
@@ -325,8 +326,8 @@ class TrainConfig(_Section):
 class PrecisionConfig(_Section):
     """Memory and precision modes (the table in scalerl/config/plan.py's PrecisionPolicy)."""
 
-    mode: Literal["fp32", "standard", "aggressive", "compressed"] = Field(
-        "fp32", description="fp32; standard: bf16 compute, fp32 master weights; aggressive: fp8 matmuls, bf16 weights and moments; "
+    mode: Literal["auto", "fp32", "standard", "aggressive", "compressed"] = Field(
+        "auto", description="auto: standard where this device runs bf16 matmuls faster than fp32 (a GPU by compute capability, a CPU by a cached probe of the model's matmul), fp32 otherwise, said on the start line; fp32; standard: bf16 compute, fp32 master weights; aggressive: fp8 matmuls, bf16 weights and moments; "
                             "compressed: bf16 weights, 8-bit AdamW moments (needs bitsandbytes), activations recomputed in backward.")
     fp8: Literal["auto", "torchao", "simulated"] = Field(
         "auto", description="aggressive's fp8 matmuls: torchao float8 training (H100-class GPU), or simulated (quantise/dequantise on "

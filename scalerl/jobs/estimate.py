@@ -127,7 +127,8 @@ def component_memory(cfg, shape, mode: str, optim_8bit: bool, prompt_tokens: int
                            reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,
                            checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0,
                            lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None,
-                           ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual, offload=cfg.optim.offload)
+                           ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual, offload=cfg.optim.offload,
+                           logprob_chunk=cfg.train.logprob_chunk_tokens)
 
 
 def calibrate(config_path: Path | None, overrides: list[str], steps: int) -> Path:

@@ -63,9 +63,11 @@ def build_teacher(config: Config, policy: torch.nn.Module, device: torch.device)
     return build_reference(teacher, config.precision_policy)
 
 
-def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None) -> Learner:
+def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None,
+                  precision_notes: tuple[str | None, str | None] = (None, None)) -> Learner:
     """Reference, critic, the parallel strategy's wrapping, optimizer and β controller around the policy; a
-    learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
+    learner of version 0. `precision_notes`: why precision.mode=auto chose
+    the mode, and a warning on an explicit mode, for the start lines. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
     the parameters for their shards)."""
     algo = config.algorithm
     # β = 0 with a fixed schedule (and no tracking or guard) never builds or runs a reference model; with
@@ -74,14 +76,15 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
     reference = build_reference(policy, config.precision_policy) if algo.kl.needs_reference and not lora else None
     critic = build_critic(config, policy, ctx.device) if algo.name == "ppo" else None
     parallel = build_strategy(config.parallel, ctx, config.precision_policy)
-    policy_forward = parallel.wrap(CompletionModel(policy))
-    reference_forward = parallel.wrap(CompletionModel(reference), trainable=False) if reference is not None else None
+    chunk = config.train.logprob_chunk_tokens  # the LM head chunk by chunk (scalerl/models/chunked_logprobs.py)
+    policy_forward = parallel.wrap(CompletionModel(policy, chunk_tokens=chunk))
+    reference_forward = parallel.wrap(CompletionModel(reference, chunk_tokens=chunk), trainable=False) if reference is not None else None
     if lora:
-        reference_forward = AdaptersOff(CompletionModel(policy), policy) if algo.kl.needs_reference else None
+        reference_forward = AdaptersOff(CompletionModel(policy, chunk_tokens=chunk), policy) if algo.kl.needs_reference else None
         trained, total = trainable_fraction(policy)
         log.info("LoRA r=%d: %d of %d policy parameters train (%.2f%%)", config.model.lora.r, trained, total, 100 * trained / total)
     critic = parallel.wrap(critic) if critic is not None else None
-    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device)), trainable=False) if algo.distill_teacher else None
+    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device), chunk_tokens=chunk), trainable=False) if algo.distill_teacher else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))
@@ -93,4 +96,4 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
                    optimizer=optimizer, kl_ctl=kl_ctl, plan=config.plan, precision=config.precision_policy, algo=algo, optim=config.optim,
                    objective=objective_settings(algo, max_new_tokens=config.rollout.max_new_tokens),
                    temperature=config.rollout.temperature, ctx=ctx, parallel=parallel, forgetting=forgetting,
-                   teacher_forward=teacher_forward)
+                   teacher_forward=teacher_forward, precision_notes=precision_notes)

@@ -39,6 +39,7 @@ from scalerl.config.plan import INITIAL_LOSS_SCALE, BatchPlan, PrecisionPolicy, 
 from scalerl.precision.apply import autocast_context, component_bytes, expected_bytes
 from scalerl.learner.algorithm import outcome_advantages, outcome_token_rewards
 from scalerl.learner.forgetting import Forgetting
+from scalerl.learner.micro_batches import Micro, micro_batches, split_to
 from scalerl.learner.recovery import cool_kl, recover
 from scalerl.learner.optim import lr_factor
 from scalerl.monitor.events import Event
@@ -149,11 +150,14 @@ class Learner:
                  optimizer: torch.optim.Optimizer, kl_ctl: KLController, plan: BatchPlan, precision: PrecisionPolicy,
                  algo: AlgorithmConfig, optim: OptimConfig, objective: dict[str, Any], temperature: float, ctx: DistContext,
                  parallel: Strategy, forgetting: Forgetting | None = None, health: HealthConfig | None = None,
-                 offload: bool = False, teacher_forward: torch.nn.Module | None = None):
+                 offload: bool = False, teacher_forward: torch.nn.Module | None = None,
+                 precision_notes: tuple[str | None, str | None] = (None, None)):
         """`policy`: the Hugging Face model (what the sampler and checkpoints see); `policy_forward` and
         `reference_forward`: the strategy's wrapped `CompletionModel`s the learner runs; `critic`: wrapped too;
         `forgetting`: the SFT anchor and EWC terms around each update (scalerl/learner/forgetting.py);
-        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped."""
+        `teacher_forward`: algorithm.distill_teacher's frozen model, wrapped; `precision_notes`: (why precision.mode=auto
+        chose this mode, a warning on an explicit mode) from scalerl/trainer/setup.py's resolve_precision: `start`
+        puts the first on the precision line, the second on a line of its own."""
         self.policy, self.policy_forward, self.reference, self.reference_forward = policy, policy_forward, reference, reference_forward
         self.teacher_forward = teacher_forward
         self.critic, self.value_head, self.parallel = critic, value_head, parallel
@@ -164,6 +168,7 @@ class Learner:
         self.forgetting = forgetting
         self.health = health or HealthConfig()  # the responses' factors (scalerl/learner/recovery.py)
         self.offload = offload  # optim.offload, for the start-up line
+        self.precision_notes = precision_notes
         self.snapshot_step, self.kept_snapshot = 0, None  # the non-finite response's restore point
 
     @property
@@ -205,16 +210,24 @@ class Learner:
     @torch.no_grad()
     def frozen_forward(self, model: torch.nn.Module | None, batch: Rollout, *, values: bool = False) -> torch.Tensor:
         """Log-probs (or, with `values`, critic values) of `batch` under weights that are not being
-        updated right now, micro-batch by micro-batch. (B, T)."""
-        parts = []
-        for start in range(0, len(batch), self.plan.micro_batch_size):
-            mb = batch.select(slice(start, start + self.plan.micro_batch_size))
+        updated right now, micro-batch by micro-batch (as the update cuts them). (B, T)."""
+        out = torch.zeros(batch.completion_ids.shape, device=batch.completion_ids.device)  # (B, T); 0 at trimmed padding
+        for micro in self.micro_batches(batch, slice(0, len(batch))):
+            mb = micro.select(batch)
             with self.autocast():
-                if values:
-                    parts.append(self.values(mb).float())
-                else:
-                    parts.append(model(mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head).logprobs.float())
-        return torch.cat(parts)
+                part = self.values(mb) if values else model(mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head).logprobs
+            out[micro.rows, :part.shape[1]] = part.float()
+        return out
+
+    def micro_batches(self, batch: Rollout, rows: slice) -> list[Micro]:
+        """The micro-batches of `rows` (scalerl/learner/micro_batches.py): train.micro_batch_size rows in order, or
+        packed by length under train.micro_batch_tokens; with several ranks, as many on each rank (the most any has)."""
+        plan = self.plan
+        micros = micro_batches(batch, rows, size=plan.micro_batch_size, tokens=plan.micro_batch_tokens,
+                               whole_groups=self.objective["loss_agg"] == "prompt")
+        if plan.micro_batch_tokens is not None and self.ctx.active:
+            micros = split_to(micros, int(self.ctx.gather(torch.tensor([len(micros)])).max()))
+        return micros
 
     def values(self, batch: Rollout, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """V_t for every completion token, (B, T)."""
@@ -298,13 +311,13 @@ class Learner:
                     with self.parallel.accumulating(sync=False):
                         stats.update(self.forgetting.sft_backward(self.policy_forward, self.state.updates, self.autocast,
                                                                   self.precision.fp32_lm_head, self.state.loss_scale))
-                for micro in range(start, rows.stop, plan.micro_batch_size):
-                    last = micro + plan.micro_batch_size >= rows.stop  # only its backward reduces across ranks
-                    with self.parallel.accumulating(sync=last):
-                        diagnostics = self.micro_step(rollout, t, slice(micro, micro + plan.micro_batch_size), beta, normalizer, tokens)
+                micros = self.micro_batches(rollout, rows)
+                for i, micro in enumerate(micros):
+                    with self.parallel.accumulating(sync=i == len(micros) - 1):  # only the last backward reduces across ranks
+                        diagnostics = self.micro_step(rollout, t, micro, beta, normalizer, tokens)
                     stats["loss"] += diagnostics.pop("loss")  # already normalised by the whole mini-batch
                     for k, v in diagnostics.items():  # diagnostics are averaged over micro-batches
-                        stats[k] = stats.get(k, 0.0) + v / plan.micro_per_mini
+                        stats[k] = stats.get(k, 0.0) + v / len(micros)
                 stats["grad_norm"] = self.apply_update(guard_scale, stats)
                 stats |= self.steer_entropy(stats)
                 for k, v in stats.items():
@@ -331,18 +344,20 @@ class Learner:
                                                     step=self.algo.entropy_coef_step, high=self.algo.entropy_coef_max)
         return {"entropy_coef": self.state.entropy_coef}
 
-    def micro_step(self, rollout: Rollout, t: Targets, rows: slice, beta: float, normalizer: float, tokens: float) -> dict[str, float]:
-        """Forward and backward of one micro-batch; returns its detached diagnostics."""
-        mb = rollout.select(rows)
+    def micro_step(self, rollout: Rollout, t: Targets, rows: Micro | slice, beta: float, normalizer: float, tokens: float) -> dict[str, float]:
+        """Forward and backward of one micro-batch (`rows`: its rows and columns, or a slice of rows); returns
+        its detached diagnostics."""
+        micro = rows if isinstance(rows, Micro) else Micro(rows)
+        mb = micro.select(rollout)
         with self.autocast():
             fwd = self.policy_forward(mb, temperature=self.temperature, fp32_head=self.precision.fp32_lm_head,
                                       with_entropy=True, with_hidden=self.value_head)
             values = self.values(mb, fwd.hidden).float() if t.returns is not None else None
         logprobs = fwd.logprobs.float()
-        pick = (lambda x: None if x is None else x[rows])
+        pick = micro.cut
         inputs = ObjectiveInputs(
-            logprobs=logprobs, old_logprobs=logprobs.detach() if t.old_logprobs is None else t.old_logprobs[rows],
-            advantages=t.advantages[rows], loss_mask=t.loss_mask[rows], group_ids=mb.group_ids,
+            logprobs=logprobs, old_logprobs=logprobs.detach() if t.old_logprobs is None else pick(t.old_logprobs),
+            advantages=pick(t.advantages), loss_mask=pick(t.loss_mask), group_ids=mb.group_ids,
             sampler_logprobs=mb.sampler_logprobs, ref_logprobs=pick(t.ref_logprobs), entropy=fwd.entropy.float(),
             values=values, old_values=pick(t.old_values), returns=pick(t.returns))
         in_loss = 0.0 if self.algo.kl.in_reward else beta  # PPO's KL-in-reward is already in the advantages
@@ -400,7 +415,9 @@ class Learner:
         self.kept_snapshot, self.snapshot_step = self.snapshot(), step
 
     def start(self, fresh: bool) -> list[str]:
-        lines = [describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)]
+        precision = describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)
+        why, warning = self.precision_notes
+        lines = [f"{precision}; {why}" if why else precision, *([warning] if warning else [])]
         if self.ctx.active:
             lines.append(self.parallel.describe())
         if fresh and (line := self.start_forgetting()):

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scalerl.config.plan import chunk_positions
+from scalerl.models.chunked_logprobs import chunked_logprobs
 from scalerl.types import Rollout
 
 
@@ -21,7 +23,7 @@ class CompletionForward:
 
 def completion_forward(
     model: torch.nn.Module, batch: Rollout, *, temperature: float = 1.0, fp32_head: bool = True,
-    with_entropy: bool = False, with_hidden: bool = False, layout: str = "auto",
+    with_entropy: bool = False, with_hidden: bool = False, layout: str = "auto", chunk_tokens: int | None = 0,
 ) -> CompletionForward:
     """One forward pass over prompt + completion, keeping only what predicts the completion.
 
@@ -46,17 +48,24 @@ def completion_forward(
     so `_layout` takes it only where the FLOP count of the packed batch is below that of the padded one.
     Models with soft-capped logits take the full path; gradient checkpointing (no cache in training)
     takes the full or the packed path.
+
+    `chunk_tokens` (train.logprob_chunk_tokens; None: auto, 0: never): when the batch has more completion
+    positions than a chunk (`chunk_positions`), log-probs and entropy come from the final hidden states chunk
+    by chunk (scalerl/models/chunked_logprobs.py): the (B, T, V) logits never exist whole, and the backward
+    recomputes each chunk's. Same numbers up to rounding. Not for soft-capped logits, nor a low-precision head
+    without `fp32_head` (those keep the logits whole).
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, P+T)
     mask = batch.attention_mask()  # (B, P+T); a multi-turn episode's observations are context too
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     T = batch.completion_ids.shape[1]
     layout = _layout(model, batch) if layout == "auto" else layout
+    chunk = _chunk(model, batch, chunk_tokens, fp32_head)
     if layout == "packed":
         last = _packed_hidden(model, batch)  # (B, T, H)
     elif layout == "shared":
         last = _shared_prompt_hidden(model, batch, mask, positions, prompt_groups(batch))  # (B, T, H)
-    elif fp32_head and head_not_fp32(model, ids.device.type):
+    elif chunk or (fp32_head and head_not_fp32(model, ids.device.type)):
         out = model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
         last = out.last_hidden_state[:, -(T + 1):-1]  # (B, T, H) after the final norm
     else:  # the model's own head (and its soft-capping, if any)
@@ -66,6 +75,11 @@ def completion_forward(
         logits = out.logits[:, :-1]  # (B, T, V): position P-1+t predicts completion token t
         logits = logits.float() if fp32_head else logits
         hidden = out.hidden_states[-1][:, -(T + 1):-1] if with_hidden else None  # (B, T, H)
+    if chunk:
+        head = model.get_output_embeddings()
+        logprobs, entropy = chunked_logprobs(last, head.weight, head.bias, batch.completion_ids, temperature=temperature, chunk=chunk,
+                                             dtype=_head_dtype(model, last.device.type), with_entropy=with_entropy)
+        return CompletionForward(logprobs, entropy, last if with_hidden else None)
     if last is not None:
         logits, hidden = head_logits(model, last, fp32_head), last if with_hidden else None
     logits = logits / temperature
@@ -73,6 +87,30 @@ def completion_forward(
     logprobs = logits.gather(-1, batch.completion_ids.unsqueeze(-1)).squeeze(-1) - log_norm  # (B, T)
     entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else None  # H = logZ − Σ p·z
     return CompletionForward(logprobs, entropy, hidden)
+
+
+def _head_dtype(model: torch.nn.Module, device_type: str) -> torch.dtype:
+    """The dtype the chunked head computes in: float32 for a head that would multiply in less (the FP32 LM
+    head), else the head's own (float32, or float64 in the exactness tests)."""
+    return torch.float32 if _low_head(model, device_type) else model.get_output_embeddings().weight.dtype
+
+
+def _low_head(model: torch.nn.Module, device_type: str) -> bool:
+    """Whether the LM head would multiply in less than float32 (autocast, or bf16/fp16 weights)."""
+    return torch.is_autocast_enabled(device_type) or model.get_output_embeddings().weight.dtype in (torch.bfloat16, torch.float16)
+
+
+def _chunk(model: torch.nn.Module, batch: Rollout, setting: int | None, fp32_head: bool) -> int:
+    """Positions per chunk for the chunked head, or 0 for the whole logits: no chunking asked, the batch's
+    positions fit in one chunk (then recomputing would buy nothing), soft-capped logits, or a low-precision head
+    whose logits are asked in its own dtype."""
+    head = model.get_output_embeddings()
+    if head is None or getattr(model.config, "final_logit_softcapping", None):
+        return 0
+    chunk = chunk_positions(setting, head.weight.shape[0])
+    if not chunk or batch.completion_ids.numel() <= chunk:
+        return 0
+    return chunk if fp32_head or not _low_head(model, batch.completion_ids.device.type) else 0
 
 
 def prompt_groups(batch: Rollout) -> torch.Tensor | None:
@@ -233,12 +271,13 @@ def completion_logprobs(
 
 class CompletionModel(nn.Module):
     """A causal LM as the learner runs it: `forward(batch, **options)` is `completion_forward(model, batch,
-    **options)`. Wrappers (DDP, FSDP2's root) hook a module's forward; the learner's forward runs the
+    chunk_tokens=chunk_tokens, **options)`. Wrappers (DDP, FSDP2's root) hook a module's forward; the learner's forward runs the
     decoder and the LM head separately, so this module is what they wrap."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, *, chunk_tokens: int | None = None):
         super().__init__()
         self.model = model
+        self.chunk_tokens = chunk_tokens  # train.logprob_chunk_tokens (None: auto)
 
     def forward(self, batch: Rollout, **options: Any) -> CompletionForward:
-        return completion_forward(self.model, batch, **options)
+        return completion_forward(self.model, batch, **{"chunk_tokens": self.chunk_tokens, **options})

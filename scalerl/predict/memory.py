@@ -41,7 +41,10 @@ KV cache of the rollout: layers × 2 × kv_heads × head_dim × tokens × bytes,
 (prompts × group size) × (prompt + completion length). AdamW with bf16 or 8-bit moments steps one tensor
 at a time in float32, with up to four float32 temporaries of the largest tensor (`optimizer_step`).
 The backward's first nodes allocate beyond the activations before freeing them: 4 × the float32 completion
-logits in the log-softmax's backward, or the head weight's float32 gradient (`backward_transient`). Rollout,
+logits in the log-softmax's backward, or the head weight's float32 gradient (`backward_transient`).
+With the chunked LM head (train.logprob_chunk_tokens, where a micro-batch has more completion positions
+than a chunk) no logits are saved, and the backward holds two chunks' worth of them at a time beside the
+head's and the hidden states' gradients (`chunked_head_bytes`). Rollout,
 the backward and the optimizer step come one after the other, so the peak is
     states + max(activations + backward transient, KV cache, optimizer step),
     states = weights + grads + optimizer + error feedback + working copy (+ reference) (+ critic)
@@ -54,6 +57,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from scalerl.config.plan import chunk_positions
 from scalerl.errors import ScaleRLError
 from scalerl.precision.bytes import PRECISIONS, Precision, state_bytes
 
@@ -145,14 +149,15 @@ def shape_of_model_path(path: str) -> ModelShape:
     return ModelShape.from_hf_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
 
 
-def working_copy_bytes(shape: ModelShape, precision: Precision) -> float:
+def working_copy_bytes(shape: ModelShape, precision: Precision, *, fp32_head_copy: bool = True) -> float:
     """What the forward keeps besides activations and the weights: under autocast with fp32 weights, the bf16
     casts of the decoder's weights (not the embedding, whose lookup autocast leaves alone, nor the FP32 LM
-    head); with bf16 weights, the FP32 head's float32 copy of the head weight, saved for its backward."""
+    head); with bf16 weights, the FP32 head's float32 copy of the head weight, saved for its backward (not by
+    the chunked head, `fp32_head_copy` False: it casts in its backward)."""
     embed = shape.vocab * shape.hidden
     norms = (2 * shape.layers + 1) * shape.hidden  # RMSNorm weights: their op runs in float32, never cast
     body = shape.params - embed * (1 if shape.tie_embeddings else 2) - norms
-    return body * precision.working_copy + (4 * embed if precision.weights < 4 else 0)
+    return body * precision.working_copy + (4 * embed if precision.weights < 4 and fp32_head_copy else 0)
 
 
 def activation_bytes_per_token(shape: ModelShape, precision: Precision, *, checkpointing: bool = False) -> float:
@@ -177,13 +182,15 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
                     entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False,
-                    fp32_residual: bool = False, offload: bool = False) -> dict[str, float]:
+                    fp32_residual: bool = False, offload: bool = False, logprob_chunk: int | None = 0) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
     `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
     the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off).
     `ewc`: EWC's anchor copy of the trained weights (their width) and its float32 Fisher, on every rank.
     `offload` (optim.offload): the moments leave the device; `host` counts them with the pinned float32 copies
-    of the weights and gradients the host steps on."""
+    of the weights and gradients the host steps on. `logprob_chunk` (train.logprob_chunk_tokens; None: auto, 0:
+    never): where the micro-batch's completion positions exceed a chunk, the LM head runs chunk by chunk
+    (`chunked_head_bytes`): no logits are kept for backward, nor the FP32 head's float32 copies."""
     precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -192,9 +199,15 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if fp32_residual:  # autocast over an fp32 residual stream (precision.fp32_residual)
         p = replace(p, kv=4, fp32_per_layer=14, fp32_final_norm=6)
     seq = prompt_len + completion_len
+    chunk = chunk_positions(logprob_chunk, shape.vocab)
+    chunked = 0 < chunk < micro_batch * completion_len
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)  # fp32 LM head
     if p.activations < 4 and not fp32_residual:  # the FP32 head's float32 copy of its bf16 input
         logits += micro_batch * (completion_len + 1) * shape.hidden * 4
+    if chunked:
+        logits, transient = chunked_head_bytes(shape, positions=micro_batch * completion_len, chunk=chunk, entropy=entropy,
+                                               head_grad=not lora, bf16_weights=p.weights < 4,
+                                               hidden_bytes=4 if fp32_residual else p.activations)
     head = None if shape.tie_embeddings else tensors[-1]
     trained = lora_tensors(shape, *lora) if lora else tensors
     out: dict[str, float] = {
@@ -202,7 +215,7 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
         **state_bytes(trained, p, optim_8bit=optim_8bit),
         "frozen_base": float(n * p.weights) if lora else 0.0,
         "ewc": float(sum(math.prod(t) for t in trained) * (p.weights + 4)) if ewc else 0.0,
-        "working_copy": working_copy_bytes(shape, p),
+        "working_copy": working_copy_bytes(shape, p, fp32_head_copy=not chunked),
         "activations": micro_batch * seq * activation_bytes_per_token(shape, p, checkpointing=checkpointing) + logits,
         "kv_cache": float(shape.layers * 2 * shape.kv_heads * shape.head_dim * rollout_sequences * seq * p.kv),
         "reference": reference_bytes(tensors, p, int8=reference_8bit, head=head) if reference and not lora else 0.0,
@@ -211,8 +224,8 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     if critic == "separate":  # a value model from the policy's backbone: its own weights, grads, states, activations
         body = tensors[:-1] if head else tensors
         out["critic"] = sum(state_bytes(body, p, optim_8bit=optim_8bit).values()) + out["activations"] - logits
-    out["backward_transient"] = backward_transient_bytes(shape, micro_batch=micro_batch, completion_len=completion_len, entropy=entropy,
-                                                         head_grad=not lora, bf16_weights=p.weights < 4)
+    out["backward_transient"] = transient if chunked else backward_transient_bytes(
+        shape, micro_batch=micro_batch, completion_len=completion_len, entropy=entropy, head_grad=not lora, bf16_weights=p.weights < 4)
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
     out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
     if offload:
@@ -239,6 +252,23 @@ def backward_transient_bytes(shape: ModelShape, *, micro_batch: int, completion_
     logits = micro_batch * (completion_len + 1) * shape.vocab * 4 * (2 if entropy else 1)
     head = 4.0 * shape.vocab * shape.hidden * (1.5 if bf16_weights else 1.0) if head_grad else 0.0
     return max(4.0 * logits, head)
+
+
+def chunked_head_bytes(shape: ModelShape, *, positions: int, chunk: int, entropy: bool, head_grad: bool, bf16_weights: bool,
+                       hidden_bytes: float) -> tuple[float, float]:
+    """(saved, backward transient) of the chunked LM head (scalerl/models/chunked_logprobs.py) over N `positions`.
+    Saved for backward: the final hidden states (N·h at `hidden_bytes`), the float32 logsumexp and entropy
+    (4 + 4 bytes per position). The backward holds the head's float32 gradient (4·V·h) and, for bf16 weights,
+    the head's float32 copy (4·V·h), and the hidden states' float32 gradient (4·N·h) throughout; on top, each
+    chunk of c positions two float32 (c, V) tensors (log p and p) and its float32 hidden states (4·c·h), or at
+    the end the bf16 casts of the two gradients (2·V·h, 2·N·h). Checked against what the backward allocates
+    (tests/predict/test_memory.py)."""
+    V, h, N, c = shape.vocab, shape.hidden, positions, min(chunk, positions)
+    saved = N * (h * hidden_bytes + 4 * (2 if entropy else 1))
+    held = 4.0 * V * h * (head_grad + bf16_weights) + 4.0 * N * h
+    per_chunk = 8.0 * c * V + (4.0 * c * h if hidden_bytes < 4 else 0.0)
+    casts = (2.0 * V * h * head_grad if bf16_weights else 0.0) + (2.0 * N * h if hidden_bytes < 4 else 0.0)
+    return float(saved), held + max(per_chunk, casts)
 
 
 def gpus_needed(mem: dict[str, float], gpu_mem_gb: float, *, usable: float = 0.9, max_gpus: int = 4096) -> int | None:

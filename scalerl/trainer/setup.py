@@ -25,7 +25,9 @@ from scalerl.learner.build import build_forgetting, build_learner
 from scalerl.learner.learner import LearnerSide
 from scalerl.models.build import build_policy
 from scalerl.models.loading import attention_choice, attention_used, load_tokenizer
+from scalerl.models.paths import resolve_model_path
 from scalerl.precision.apply import check_precision
+from scalerl.precision.probe import choose_mode, cpu_rates, probe_shape, slower_warning
 from scalerl.rollout.async_rollout import AsyncRollout, ProducerProcess
 from scalerl.rollout.base import RolloutSide
 from scalerl.rollout.build import build_rollout
@@ -40,6 +42,39 @@ def check_offload(config: Config, device: torch.device) -> None:
     if config.optim.offload and device.type == "cpu":
         log.warning("optim.offload=true saves nothing on CPU (optimizer states live in host memory either way); the offloaded "
                     "AdamW runs all the same, with one copy of the weights and gradients per update")
+
+
+def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | None, str | None]:
+    """(the config with precision.mode=auto replaced by this device's choice, why it was chosen, a warning): the
+    choice by scalerl/precision/probe.py, every rank taking rank 0's; the warning for an explicit bf16 mode that
+    this CPU runs slower than fp32. Both go on the learner's start lines."""
+    mode = config.precision.mode
+    if ctx.device.type == "cuda":
+        if mode != "auto":
+            return config, None, None
+        chosen, why = choose_mode(ctx.device, None, torch.cuda.get_device_capability(ctx.device))
+    else:
+        if mode not in ("auto", "standard", "compressed"):
+            return config, None, None
+        rates = cpu_rates(probe_shape(*model_widths(config)))
+        if mode != "auto":
+            return config, None, slower_warning(mode, rates)
+        chosen, why = choose_mode(ctx.device, rates)
+    chosen, why = ctx.gather_lists([(chosen, why)])[0]  # one choice for every rank: rank 0's
+    return config.with_precision_mode(chosen), f"precision.mode=auto: {why}", None
+
+
+def model_widths(config: Config) -> tuple[int, int]:
+    """(hidden, MLP width) of the policy, from its config.json, for the precision probe; 2048² where it cannot be read
+    (a hub id not yet downloaded: the load that follows reports that)."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(resolve_model_path(config.model.path), trust_remote_code=config.model.trust_remote_code)
+    except (OSError, ValueError):
+        return 2048, 2048
+    hidden = getattr(cfg, "hidden_size", None) or 2048
+    return hidden, getattr(cfg, "intermediate_size", None) or 4 * hidden
 
 
 def check_run_dir(config: Config, resume: bool, overwrite: bool = False, lock: RunLock | None = None) -> Path:
@@ -68,15 +103,19 @@ RESOLVED_HEADER = ("# What this run ran with where config.yaml leaves the choice
                    "# (by the latest start: a resume rewrites it). config.yaml keeps what was asked for.\n")
 
 
-def what_ran(config: Config, ctx: DistContext, policy: torch.nn.Module) -> dict[str, Any]:
+def what_ran(config: Config, ctx: DistContext, policy: torch.nn.Module, precision: str | None = None) -> dict[str, Any]:
     """The resolved.yaml tree: the attention implementation the loaded policy runs (and why, when it
-    is not the requested one), the device and the number of processes."""
+    is not the requested one), the precision mode (and, from `resolve_precision`, why), the device and the
+    number of processes."""
     requested = config.model.attn_implementation
     used = attention_used(policy, requested)
     model: dict[str, Any] = {"attn_implementation": used, "attn_implementation_requested": requested}
     if used != requested:
         model["attn_implementation_fallback"] = attention_choice(requested, ctx.device)[1] or f"transformers loaded {used}"
-    return {"model": model, "train": {"device": str(ctx.device), "world_size": ctx.world_size}}
+    ran: dict[str, Any] = {"model": model, "train": {"device": str(ctx.device), "world_size": ctx.world_size}}
+    if precision:
+        ran["precision"] = {"mode": config.precision.mode, "why": precision}
+    return ran
 
 
 def prepare_run_dir(config: Config, ctx: DistContext, run_dir: Path, resume: bool, ran: dict[str, Any] | None = None) -> None:
@@ -121,6 +160,8 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     run_dir = check_run_dir(config, resume, overwrite, lock if ctx.is_main else None)  # first: a refused resume or reuse loads nothing
     set_threads(config.train.threads)
     seed_everything(config.train.seed + ctx.rank)
+    asked = config  # config.yaml keeps what was asked for (precision.mode=auto); resolved.yaml what ran
+    config, precision_why, precision_warning = resolve_precision(config, ctx)
     check_precision(config.precision_policy, ctx.device)
     check_offload(config, ctx.device)
     asynchronous = config.rollout.mode == "async"
@@ -129,10 +170,11 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     tokenizer = load_tokenizer(config.model)
     policy = build_policy(config, ctx.device)
     # only once the model loaded: a run that cannot start leaves nothing, and resolved.yaml says what it loaded
-    prepare_run_dir(config, ctx, run_dir, resume, what_ran(config, ctx, policy))
+    prepare_run_dir(asked, ctx, run_dir, resume, what_ran(config, ctx, policy, precision_why))
     policy.train()
     prompts = prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer)
-    learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer, prompts))
+    learner = build_learner(config, ctx, policy, build_forgetting(config, ctx, policy, tokenizer, prompts),
+                            (precision_why, precision_warning))
     # async: batches come from a producer process, with rollout.engine there; this worker only evaluates, on the
     # learner's own modules (the HF engine: nothing to sync, no second vLLM engine and KV cache in this process)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,

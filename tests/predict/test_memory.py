@@ -101,8 +101,9 @@ def _random_batch(vocab: int, micro: int, prompt: int, completion: int):
                    truncated=torch.zeros(micro, dtype=torch.bool))
 
 
-@pytest.mark.parametrize("mode, fp32_residual", [("fp32", False), ("standard", False), ("standard", True), ("compressed", False)])
-def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_residual):
+@pytest.mark.parametrize("mode, fp32_residual, chunk", [("fp32", False, 0), ("standard", False, 0), ("standard", True, 0),
+                                                        ("compressed", False, 0), ("fp32", False, 5), ("compressed", False, 5)])
+def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_residual, chunk):
     """Each mode's forward, as the learner runs it (weights dtype, bf16 autocast, FP32 head), against the
     estimate: the tensors autograd saves for backward (parameters excluded) split into the working copy
     (bf16 casts of fp32 weights, or the FP32 head's float32 weight copy) and activations."""
@@ -139,17 +140,18 @@ def test_activations_and_working_copy_match_what_autograd_saves(mode, fp32_resid
     batch = _random_batch(vocab, micro, prompt, completion)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if policy.autocast_dtype else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-        completion_forward(model, batch, fp32_head=policy.fp32_lm_head)
+        completion_forward(model, batch, fp32_head=policy.fp32_lm_head, chunk_tokens=chunk)
     shape = ModelShape(vocab=vocab, hidden=h, intermediate=i, layers=layers, heads=heads, kv_heads=kv, head_dim=h // heads)
     est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion, rollout_sequences=micro,
-                          fp32_residual=fp32_residual)
+                          fp32_residual=fp32_residual, logprob_chunk=chunk)
     assert sum(copies.values()) == est["working_copy"]
     assert sum(saved.values()) == pytest.approx(est["activations"], rel=0.03)
 
 
-@pytest.mark.parametrize("mode, vocab, hidden, micro, completion", [("fp32", 4000, 32, 4, 15), ("compressed", 4000, 32, 4, 15),
-                                                                   ("fp32", 2000, 512, 1, 3), ("compressed", 2000, 512, 1, 3)])
-def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hidden, micro, completion):
+@pytest.mark.parametrize("mode, vocab, hidden, micro, completion, chunk", [
+    ("fp32", 4000, 32, 4, 15, 0), ("compressed", 4000, 32, 4, 15, 0), ("fp32", 2000, 512, 1, 3, 0), ("compressed", 2000, 512, 1, 3, 0),
+    ("fp32", 4000, 32, 4, 15, 16), ("compressed", 4000, 32, 4, 15, 16), ("fp32", 2000, 512, 4, 15, 8)])  # the chunked head
+def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hidden, micro, completion, chunk):
     """The bytes the backward allocates beyond what it frees, at their highest, against `backward_transient`:
     a large vocabulary makes the log-softmax's 4 × logits the larger, a wide head its weight's gradient. Every
     tensor an aten op creates during backward is tracked (a TorchDispatchMode; each storage counted once, until
@@ -174,7 +176,8 @@ def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hid
     batch = _random_batch(vocab, micro, prompt, completion)
     for p in model.parameters():  # a second micro-batch's backward: the gradients exist already
         p.grad = torch.zeros_like(p)
-    loss = -(completion_forward(model, batch, fp32_head=policy.fp32_lm_head).logprobs.float() * torch.randn(micro, 1)).mean()
+    out = completion_forward(model, batch, fp32_head=policy.fp32_lm_head, chunk_tokens=chunk)
+    loss = -(out.logprobs.float() * torch.randn(micro, 1)).mean()
 
     class Live(TorchDispatchMode):
         def __init__(self):
@@ -201,5 +204,5 @@ def test_backward_transient_matches_what_the_backward_allocates(mode, vocab, hid
         loss.backward()
     shape = ModelShape(vocab=vocab, hidden=hidden, intermediate=64, layers=1, heads=2, kv_heads=2, head_dim=hidden // 2)
     est = estimate_memory(shape, precision=mode, micro_batch=micro, prompt_len=prompt, completion_len=completion,
-                          rollout_sequences=2 * micro)["backward_transient"]
+                          rollout_sequences=2 * micro, logprob_chunk=chunk)["backward_transient"]
     assert tracker.peak == pytest.approx(est, rel=0.1)

@@ -83,9 +83,13 @@ def test_beta_positive_uses_a_frozen_reference_and_reports_kl(runs):
     assert all(torch.equal(a, b) for a, b in zip(before, learner.reference.parameters()))
 
 
-def _one_update(runs, name, **extra):
+def _one_update(runs, name, sizes: list | None = None, **extra):
+    """The policy's weights after one step; `sizes` receives each micro-batch's row count."""
     torch.manual_seed(0)
     rollout, learner = _build(runs, name, **extra)
+    if sizes is not None:
+        real = learner.micro_step
+        learner.micro_step = lambda rollout_, t, micro, *a: sizes.append(micro.size) or real(rollout_, t, micro, *a)
     loop.train_step(rollout, learner, 1, learner.ctx)[1]
     return [p.detach().clone() for p in learner.policy.parameters()]
 
@@ -102,6 +106,13 @@ def test_gradient_accumulation_matches_the_whole_batch(runs, loss_agg):
     whole = _one_update(runs, f"whole-{loss_agg}", **linear)
     split = _one_update(runs, f"split-{loss_agg}", **linear, **{"train.micro_batch_size": 4})
     assert all(torch.allclose(a, b, atol=1e-7, rtol=1e-5) for a, b in zip(whole, split))
+    # by tokens (train.micro_batch_tokens): rows sorted by length, packed under the budget, padding columns dropped;
+    # 40 tokens cuts the 16 rows (prompts of 5-7 tokens, completions of 3-4) into 5 micro-batches of 2-4 rows, 100 into 2
+    for budget in (40, 100):
+        sizes = []
+        by_tokens = _one_update(runs, f"tokens{budget}-{loss_agg}", **linear, **{"train.micro_batch_tokens": budget}, sizes=sizes)
+        assert 1 < len(sizes) and len(set(sizes)) > 1 and sum(sizes) == 16, sizes
+        assert all(torch.allclose(a, b, atol=1e-7, rtol=1e-5) for a, b in zip(whole, by_tokens)), budget
     assert any(not torch.allclose(a, b, atol=1e-7, rtol=1e-5) for a, b in zip(whole, _one_update(runs, "other", **{**linear, "optim.lr": 2e-2})))
 
 
@@ -114,7 +125,7 @@ def test_optimizer_steps_are_epochs_times_mini_batches(runs, monkeypatch, epochs
     real_step, real_micro = learner.optimizer.step, learner.micro_step
 
     def counting_micro(rollout_, t, rows, *a, **k):
-        seen.append(rows.stop - rows.start)
+        seen.append(rows.size)
         return real_micro(rollout_, t, rows, *a, **k)
 
     def counting_step(*a, **k):
@@ -258,3 +269,18 @@ def test_setup_rejects_fp8_without_an_h100():
     with pytest.raises(ScaleRLError, match="H100-class"):
         check_precision(precision_policy("aggressive", fp8="auto"), torch.device("cpu"))
     check_precision(precision_policy("aggressive", fp8="simulated"), torch.device("cpu"))  # the CPU path is allowed
+
+
+def test_frozen_log_probs_by_tokens_equal_by_rows(runs):
+    """π_old's and π_ref's log-probs (`frozen_forward`) cut by a token budget, each micro-batch trimmed of its padding and
+    put back in row order, equal the whole batch's on every completion token."""
+    import dataclasses
+
+    rollout, learner = _build(runs, "frozen-tokens", **{"train.micro_batch_tokens": 40})
+    batch = rollout.produce(1).rollout
+    by_tokens = learner.frozen_forward(learner.policy_forward, batch)
+    learner.plan = dataclasses.replace(learner.plan, micro_batch_tokens=None)
+    whole = learner.frozen_forward(learner.policy_forward, batch)
+    real = batch.completion_mask.bool()
+    assert len(learner.micro_batches(batch, slice(0, len(batch)))) == 1
+    assert torch.allclose(by_tokens[real], whole[real], atol=1e-5) and whole[real].abs().min() > 0

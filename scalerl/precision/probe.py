@@ -1,0 +1,139 @@
+"""precision.mode=auto: bf16 compute (`standard`: bf16 autocast over fp32 master weights) where this device
+runs the model's matmuls faster in bf16 than in fp32, fp32 otherwise; and a warning when an explicit bf16
+mode is slower here than fp32 would be.
+
+On a GPU the compute capability decides: 8.0 and above (A100, H100, RTX 30xx+) have bf16 tensor cores
+that run at least twice fp32's rate, below it bf16 is emulated or absent. On a CPU it depends on the
+chip (AMX Xeons ~6x fp32, an EPYC with AVX-512 BF16 ~4x at 2048², Xeons with AVX-512 BF16 but no AMX
+half of fp32: issue 38) and on the model: at small widths autocast's per-op casts of the weights cost
+more than the faster matmul saves. So a short probe times the model's MLP matmul, (512 tokens × hidden)
+by (hidden × intermediate), as autocast runs it (casts of both operands included) and in fp32,
+alternately, the fastest of each (other processes only ever slow a run down: on this project's shared
+2-core EPYC a median once read 1.1 vs 1.8 GFLOP/s where the quiet machine runs 330 vs 180); bf16 is chosen
+when it is at least `MARGIN` times faster (near a tie fp32 keeps full precision). The rates are cached per machine, torch
+version, thread count and shape, in `~/.cache/scalerl/precision_probe.json` (`SCALERL_CACHE_DIR`
+moves it), so a run's later starts (a resume) choose the same without measuring again.
+`SCALERL_PRECISION_RATES=fp32:180,bf16:90` gives the rates instead of measuring them (a reproducible choice on
+a shared machine; the test suite pins fp32 this way, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from scalerl.errors import ScaleRLError
+
+PROBE_ROWS = 512  # tokens of the probe's activation: a short micro-batch
+MARGIN = 1.1  # bf16 must be this many times faster than fp32 to be chosen
+AMPERE = (8, 0)  # the first CUDA capability with bf16 tensor cores
+
+
+@dataclass(frozen=True)
+class Rates:
+    """The probe's matmul rates on this device, GFLOP/s."""
+
+    fp32: float
+    bf16: float
+    shape: tuple[int, int, int]  # (rows, in, out) of the matmul timed
+    cached: bool = False
+
+    def text(self) -> str:
+        m, k, n = self.shape
+        return f"bf16 {self.bf16:.1f} vs fp32 {self.fp32:.1f} GFLOP/s on a {m}x{k}x{n} matmul{' (cached)' if self.cached else ''}"
+
+
+def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int, int] | None = None) -> tuple[str, str]:
+    """(precision.mode, why) for precision.mode=auto: `rates` on a CPU (the probe's), `capability` on a GPU."""
+    if device.type == "cuda":
+        cc = f"compute capability {capability[0]}.{capability[1]}"
+        if capability >= AMPERE:
+            return "standard", f"{cc} has bf16 tensor cores"
+        return "fp32", f"{cc}: no bf16 tensor cores"
+    if rates.bf16 >= MARGIN * rates.fp32:
+        return "standard", f"bf16 matmuls {rates.bf16 / rates.fp32:.2f}x faster here ({rates.text()})"
+    return "fp32", f"bf16 matmuls not faster here ({rates.text()}; bf16 needs {MARGIN:g}x)"
+
+
+def slower_warning(mode: str, rates: Rates | None) -> str | None:
+    """One line when an explicit mode computes in bf16 and this CPU runs bf16 slower than fp32; else None."""
+    if rates is None or mode not in ("standard", "compressed") or rates.bf16 >= rates.fp32:
+        return None
+    return (f"warning: precision.mode={mode} computes in bf16, which runs slower than fp32 on this machine ({rates.text()}); "
+            "precision.mode=auto or fp32 would be faster")
+
+
+def probe_shape(hidden: int, intermediate: int) -> tuple[int, int, int]:
+    return (PROBE_ROWS, hidden, intermediate)
+
+
+def measure(shape: tuple[int, int, int], *, budget_s: float = 2.0) -> Rates:
+    """Time x (m, k) @ w (n, k)ᵀ in fp32 and under bf16 autocast (the casts included), alternately; the fastest of each."""
+    m, k, n = shape
+    x, w = torch.randn(m, k), torch.randn(n, k)
+
+    def once(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            F.linear(x, w)
+        return time.perf_counter() - start
+
+    first = once(False) + once(True)  # warm-up, and the size of one round
+    rounds = max(3, min(25, int(budget_s / max(first, 1e-6))))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(rounds):
+        for bf16 in (False, True):
+            times[bf16].append(once(bf16))
+    flops = 2 * m * k * n / 1e9
+    return Rates(fp32=flops / min(times[False]), bf16=flops / min(times[True]), shape=shape)
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("SCALERL_CACHE_DIR") or Path.home() / ".cache" / "scalerl") / "precision_probe.json"
+
+
+def _machine_key(shape: tuple[int, int, int]) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.node()}|{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}|{'x'.join(map(str, shape))}"
+
+
+def cpu_rates(shape: tuple[int, int, int]) -> Rates:
+    """The probe's rates for this machine and shape: from the cache, or measured and cached (a cache that
+    cannot be read or written is measured around, silently: the probe is a speed hint, not state)."""
+    if given := os.environ.get("SCALERL_PRECISION_RATES"):
+        try:
+            rates = dict(part.split(":") for part in given.split(","))
+            return Rates(fp32=float(rates["fp32"]), bf16=float(rates["bf16"]), shape=shape, cached=True)
+        except (ValueError, KeyError):
+            raise ScaleRLError(f"SCALERL_PRECISION_RATES={given!r}: write fp32:<GFLOP/s>,bf16:<GFLOP/s>, e.g. fp32:180,bf16:90") from None
+    path, key = cache_path(), _machine_key(shape)
+    try:
+        entry = json.loads(path.read_text())[key]
+        return Rates(fp32=entry["fp32"], bf16=entry["bf16"], shape=shape, cached=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    rates = measure(shape)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table[key] = {"fp32": rates.fp32, "bf16": rates.bf16, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(table, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+    return rates
