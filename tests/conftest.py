@@ -120,3 +120,11 @@ def pytest_sessionfinish(session, exitstatus):
                  f"`{r['test'].removeprefix('tests/reliability/')}`"]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     Path(target).write_text("\n".join(lines) + "\n")
+
+
+def pytest_runtest_logreport(report):
+    """SCALERL_TEST_TIMES=PATH: each test's phase durations appended as they finish (a partial run still says where the time went)."""
+    path = os.environ.get("SCALERL_TEST_TIMES")
+    if path and report.when in ("setup", "call", "teardown"):
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.nodeid}\n")

@@ -26,6 +26,9 @@ TINY = ["--set", "rollout.prompts_per_step=4", "--set", "rollout.group_size=4", 
 ASYNC = ["--set", "rollout.mode=async", "--set", "rollout.max_staleness=1", "--set", "algorithm.tis_cap=2"]
 
 
+pytestmark = pytest.mark.xdist_group("ray")  # one Ray cluster at a time when the suite runs on several workers (-n 2)
+
+
 def test_rank_envs_follow_where_ray_put_the_ranks():
     """torchrun's variables per rank: rank 0's node hosts the group; local ranks count per node; a rank shown only
     its own GPU uses cuda:0 of what it sees; one rank needs none of them."""

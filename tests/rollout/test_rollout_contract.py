@@ -55,7 +55,7 @@ def _members(protocol) -> set[str]:
     return {n for n in [*vars(protocol), *typing.get_type_hints(protocol)] if not n.startswith("_")}
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=[pytest.mark.slow] if k == "ray-producer" else []) for k in KINDS])
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=[pytest.mark.slow, pytest.mark.xdist_group("ray")] if k == "ray-producer" else []) for k in KINDS])
 def test_every_rollout_side_keeps_the_contract(runs, kind):
     rollout, learner = _roles(runs, kind, "a")
     lag = ASYNC["rollout.max_staleness"] if kind != "in-process" else 0
