@@ -1,7 +1,8 @@
 """`scalerl predict`'s forecast of one run, or of several seeds of one recipe fitted together.
 
 One run: its evaluations (`run_evals`) after the warm-up cut, up to `max_step`, and the step-0
-pass rate as an observation of R0, fitted by `reward_curve.fit_curve`; the curve, its 95 %
+pass rate as an observation of R0 (without one, the first evaluation whatever its step is kept
+past the cut: it is the run's observation nearest R0), fitted by `reward_curve.fit_curve`; the curve, its 95 %
 profile band, A's interval, the pass rate at the target compute and the compute at which a target
 pass rate is reached (with the band's range of it), plus `forecast_checks.diagnose`'s warnings.
 
@@ -45,7 +46,9 @@ def select_points(evals: RunEvals, compute: str, *, warmup_frac: float, max_step
     inside = [(c, r) for c, r, s in pts if max_step is None or s <= max_step]
     later = [(c, r) for c, r, s in pts if max_step is not None and s > max_step]
     if inside:
-        inside = [(c, r) for c, r in inside if c >= warmup_frac * inside[-1][0] and c > 0]
+        # with no step-0 observation the first evaluation stands for R0: the warm-up cut must not drop it
+        first = inside[0] if evals.r0 is None else None
+        inside = [(c, r) for c, r in inside if (c >= warmup_frac * inside[-1][0] or (c, r) == first) and c > 0]
     if len(inside) < MIN_POINTS:
         where = f" up to step {max_step}" if max_step is not None else ""
         raise ForecastUnavailable(

@@ -17,7 +17,8 @@ that decided. The rules:
   of 0, or more than 2 below it;
 - `wide_band`: the 95 % band at the target compute is wider than ± WIDE (0.05): the window does
   not pin the final value down enough to plan on;
-- `r0` (note): R0 rests on a single evaluation (its noise is in the band), or on none.
+- `r0` (note): R0 rests on a single evaluation (its noise is in the band): the step-0 one, or without it the
+  first evaluation whatever its step (kept past the warm-up cut), or on none.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def diagnose(fit, window, band, *, r0_source: str, compute: str, target: float |
                                           f"+-{WIDE:g}: this window does not pin the final value down; fit more of the run"))
     if r0_source in ("step-0 evaluation", "summary.json"):
         out.append(_item("r0", f"R0 (fitted {fit.R0:.3f}) rests on one evaluation ({r0_source}); its noise is in the band", "note"))
+    elif r0_source.startswith("first evaluation"):
+        out.append(_item("r0", f"no step-0 evaluation: R0 (fitted {fit.R0:.3f}) rests on the {r0_source}, kept past the warm-up cut",
+                         "note"))
     elif r0_source == "none":
         out.append(_item("r0", "no step-0 evaluation: R0 is fitted from the curve alone", "note"))
     return out

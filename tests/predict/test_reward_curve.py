@@ -170,3 +170,16 @@ def test_pooled_runs_share_the_curve_and_keep_their_own_noise(tmp_path):
     width = pooled["target_band"][1] - pooled["target_band"][0]
     assert width < min(a["target_band"][1] - a["target_band"][0] for a in alone[1:])  # the noisier runs alone are less sure
     assert abs(pooled["predicted_at_target"] - 0.7587) < 0.01
+
+
+def test_r0_comes_from_the_first_evaluation_whatever_its_step(tmp_path):
+    # a run in flight evaluated from step 1 on (no step-0 evaluation, no summary.json): the warm-up cut
+    # (0.1 × 100 = 10) must not drop step 1, the run's only look at R0
+    rates = {s: v for s, v in _curve(noise=0.01, seed=3).items() if s}
+    rates[1] = float(sigmoid_curve(1.0, r0=0.3, a=0.8, b=2.0, c_mid=30.0))  # 0.3 + 0.5 / (1 + 900) = 0.3006
+    fc = forecast_run(_write_run(tmp_path / "from-step-1", rates))
+    assert fc["R0_source"] == "first evaluation (step 1)" and fc["points"][0] == [1.0, rates[1]] and fc["n_points"] == 11
+    assert abs(fc["R0"] - 0.3) < 0.01
+    assert "first evaluation (step 1)" in next(w["message"] for w in fc["warnings"] if w["rule"] == "r0")
+    with_r0 = forecast_run(_write_run(tmp_path / "with-step-0", {0: 0.3, **rates}))  # a step-0 one still wins, step 1 cut
+    assert with_r0["R0_source"] == "step-0 evaluation" and with_r0["points"][0][0] == 10.0
