@@ -35,10 +35,12 @@ class ForecastUnavailable(ScaleRLError):
 
 @dataclass(frozen=True)
 class Window:
-    """The evaluations a forecast fits (`fitted`) and the later ones it is checked against (`later`)."""
+    """The evaluations a forecast fits (`fitted`) and the later ones it is checked against (`later`, with their
+    weights in the fit's units when runs of different noise are pooled; None: the fit's mean weight)."""
 
     fitted: list[tuple[float, float]]
     later: list[tuple[float, float]]
+    later_w: list[float] | None = None
 
 
 def select_points(evals: RunEvals, compute: str, *, warmup_frac: float, max_step: int | None) -> Window:
@@ -157,7 +159,8 @@ def forecast_runs(run_dirs: list[Path | str], *, compute: str = "steps", warmup_
     planned = float(max(planned_all)) if compute == "steps" else 0.0
     if target_compute is None and planned:
         target_compute = planned
-    window = Window(sorted(p for w in windows for p in w.fitted), sorted(p for w in windows for p in w.later))
+    later = sorted((c, r, wt) for w, wt in zip(windows, weights) for c, r in w.later)
+    window = Window(sorted(p for w in windows for p in w.fitted), [(c, r) for c, r, _ in later], [wt for _, _, wt in later])
     out = _summarise(data, fit, window, compute=compute, target_compute=target_compute, target_pass_rate=target_pass_rate,
                      planned=planned, extend=extend, n_curve=n_curve)
     a_alone = np.array([f.A for f in alone])
