@@ -66,8 +66,8 @@ def plan(
     def go() -> None:
         from scalerl.jobs import plan as job
 
-        params, name = job.target_params(model_size, model)
-        common = dict(params=params, model_name=name, gpus=gpus, nodes=nodes, steps=steps, completion_length=completion_length, price=price)
+        shape, name = job.target_shape(model_size, model)
+        common = dict(model=shape, model_name=name, gpus=gpus, nodes=nodes, steps=steps, completion_length=completion_length, price=price)
         if pilots:
             out = job.plan_from_pilots(list(pilots), strategy=strategy, bandwidth_gbs=bandwidth_gbs, **common)
         else:

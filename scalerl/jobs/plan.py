@@ -27,8 +27,8 @@ from scalerl.errors import ScaleRLError
 STRATEGIES = ("none", "ddp", "fsdp2", "dynamic")
 
 
-def target_params(model_size: str | None, model: Path | None) -> tuple[float, str]:
-    """Parameters of the target model and how it was named: a Llama-2 preset, or a model folder (or its config.json)."""
+def target_shape(model_size: str | None, model: Path | None):
+    """The target model's shape (`ModelShape`) and how it was named: a Llama-2 preset, or a model folder (or its config.json)."""
     from scalerl.predict.memory import MODEL_PRESETS, ModelShape
 
     if (model_size is None) == (model is None):
@@ -36,7 +36,7 @@ def target_params(model_size: str | None, model: Path | None) -> tuple[float, st
     if model_size is not None:
         if model_size.lower() not in MODEL_PRESETS:
             raise ScaleRLError(f"--model-size: {model_size!r} is not one of {', '.join(MODEL_PRESETS)}; for another shape pass --model FOLDER")
-        return float(MODEL_PRESETS[model_size.lower()].params), f"Llama-2 {model_size.lower()}"
+        return MODEL_PRESETS[model_size.lower()], f"Llama-2 {model_size.lower()}"
     path = Path(model)
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
@@ -47,7 +47,7 @@ def target_params(model_size: str | None, model: Path | None) -> tuple[float, st
         cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ScaleRLError(f"--model: {path} is not JSON ({err})") from None
-    return float(ModelShape.from_hf_config(cfg, str(path)).params), str(model)
+    return ModelShape.from_hf_config(cfg, str(path)), str(model)
 
 
 def _check(gpus: int, nodes: int, steps: int | None, completion_length: int | None, price: float, strategy: str | None,
@@ -79,7 +79,7 @@ def _figures(step_s: float, rel: float | None, steps: int, evals: int, eval_s: f
     return {**point, "band": {k: [lo[k], hi[k]] for k in point}}
 
 
-def plan_from_pilots(pilot_dirs: list[Path], *, params: float, model_name: str, gpus: int, nodes: int = 1, steps: int | None = None,
+def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: int, nodes: int = 1, steps: int | None = None,
                      completion_length: int | None = None, price: float = 2.0, strategy: str | None = None,
                      bandwidth_gbs: float | None = None) -> dict[str, Any]:
     """The plan (see the module docstring) as a dict: figures, bands, the terms at the target and the dominant one."""
@@ -103,14 +103,15 @@ def plan_from_pilots(pilot_dirs: list[Path], *, params: float, model_name: str, 
                           bandwidth=None if measured_comm and bandwidth_gbs is None else (bandwidth_gbs or 1.0) * 1e9)
     prompt = max(base.trained / base.completions - base.decode_steps, 0.0)
     length = float(completion_length) if completion_length is not None else base.decode_steps
-    target = replace(base, params=params, world=gpus, decode_steps=length, trained=base.completions * (prompt + length),
-                     strategy=strategy or base.strategy)
+    params = float(model.params)
+    target = replace(base, params=params, hidden=model.hidden, layers=model.layers, world=gpus, decode_steps=length,
+                     trained=base.completions * (prompt + length), strategy=strategy or base.strategy)
     measured = np.concatenate([p.step_s for p in pilots])
     predicted = np.array([cost.seconds(s) for s in shapes])
     rel = relative_band(predicted, measured, np.concatenate([[k] * len(p.shapes) for k, p in enumerate(pilots)]))
     parts = cost.parts(target)
     n_steps = steps or ref.config.train.steps
-    gen = ("generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)", "generation per decode step")
+    gen = ("generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)", "generation per layer and decode step")
     gen_ratio = sum(parts[k] for k in gen) / max(sum(cost.parts(base)[k] for k in gen), 1e-12)
     eval_s = float(np.mean([e for p in pilots for e in p.eval_s])) * gen_ratio if any(p.eval_s for p in pilots) else 0.0
     evals = 1 + count_scheduled(1, n_steps, ref.config.eval.every, include_last=True) if eval_s else 0
@@ -129,7 +130,7 @@ def plan_from_pilots(pilot_dirs: list[Path], *, params: float, model_name: str, 
     return out
 
 
-def plan_without_pilot(*, params: float, model_name: str, gpus: int, nodes: int = 1, steps: int | None = None,
+def plan_without_pilot(*, model, model_name: str, gpus: int, nodes: int = 1, steps: int | None = None,
                        completion_length: int | None = None, price: float = 2.0, prompt_len: int = 128, peak_tflops: float = 989.0,
                        config: Path | None = None) -> dict[str, Any]:
     """The source's efficiency-factor rule (see the module docstring), on the config's workload (default: the defaults')."""
@@ -140,6 +141,7 @@ def plan_without_pilot(*, params: float, model_name: str, gpus: int, nodes: int 
     if peak_tflops <= 0:
         raise ScaleRLError(f"--peak-tflops: {peak_tflops:g} must be > 0")
     cfg = load_config(config)
+    params = float(model.params)
     length = completion_length or cfg.rollout.max_new_tokens
     completions = cfg.batch_size
     flops = 6 * params * completions * (prompt_len + length) + 2 * params * completions * length

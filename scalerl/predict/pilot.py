@@ -79,7 +79,8 @@ def read_pilot(run_dir: Path | str) -> Pilot:
     resolved = _yaml(run_dir / "resolved.yaml") if (run_dir / "resolved.yaml").is_file() else {}
     train = resolved.get("train") or {}
     device, world = str(train.get("device", cfg.train.device)).split(":")[0], int(train.get("world_size", 1))
-    params = float(shape_of_model_path(cfg.model.path).params)
+    model = shape_of_model_path(cfg.model.path)
+    params = float(model.params)
     w_bytes, g_bytes = weight_bytes(cfg.precision.mode)
     groups = cfg.parallel.param_groups
     sync = float(np.mean([g.sync_interval for g in groups])) if groups else 1.0
@@ -102,7 +103,8 @@ def read_pilot(run_dir: Path | str) -> Pilot:
         c = row["completions"] / world
         pilot.shapes.append(Shape(params=params, weight_bytes=w_bytes, grad_bytes=g_bytes, completions=c,
                                   decode_steps=row["sampled_positions"] / max(row["completions"], 1), trained=row["trained_positions"] / world,
-                                  world=world, strategy=cfg.parallel.strategy, updates=cfg.plan.updates_per_step, sync_interval=sync))
+                                  world=world, strategy=cfg.parallel.strategy, updates=cfg.plan.updates_per_step, sync_interval=sync,
+                                  hidden=model.hidden, layers=model.layers))
         pilot.rollout_s.append(row["time/rollout_s"])
         pilot.learn_s.append(row["time/learn_s"])
         pilot.other_s.append(max(gap - row["step_time_s"], 0.0))

@@ -14,23 +14,27 @@ Within a run the shape does not change, so the time estimate fits (a, b) on the 
 coefficients are written in the shape's terms, so that a pilot on a small model, few processes or
 short completions prices a bigger one:
 
-    b_r·S = g_c · 2P·S  +  g_m · W·L  +  g_t · L      generation: compute-bound part at 1/g_c FLOP/s (2 FLOPs per
+    b_r·S = g_c · 2P·S  +  g_m · W·L  +  g_t · L·n     generation: compute-bound part at 1/g_c FLOP/s (2 FLOPs per
                                                        parameter per decoded position), memory-bound part per byte
                                                        of weights read per decode step (W bytes, L = S / completions
-                                                       decode steps), and a per-decode-step overhead (the sampling
-                                                       loop, kernel launches)
-    b_l·T = f · 6P·T                                   training FLOPs (forward and backward, Kaplan et al. 2020's
-                                                       6 per parameter per position) at the achieved 1/f FLOP/s
+                                                       decode steps), and an overhead per layer (n layers) and decode
+                                                       step (the sampling loop, a layer's kernel launches)
+    b_l·T = f · 6P·T  +  e · T·h·n                     training FLOPs (forward and backward, Kaplan et al. 2020's
+                                                       6 per parameter per position) at the achieved 1/f FLOP/s, and
+                                                       the work that grows with the width h, not its square: the
+                                                       layers' elementwise ops and a narrow matmul's lower FLOP/s
+                                                       (per-parameter cost f·(1 + h0/h) is f·6PT + e·T·h·n, as P ≈ 13h²n)
     a_l  += bytes / bandwidth                          communication per strategy (`comm_bytes`)
     a_r, a_l, o                                        the per-step fixed overhead
 
 The terms are fitted by non-negative least squares over every pilot's steps pooled. A term whose
-column the pilots do not vary apart from the others (by more than MIN_SPREAD, the time estimate's
-rule: one pilot at one shape cannot tell a fixed part from a per-token one) is left out, in a
+column the pilots do not vary apart from the others (by more than SEPARABLE, 10 %: one pilot at
+one shape cannot tell a fixed part from a per-token one) is left out, in a
 stated order: the memory-bound generation term first when the pilots' batches are compute-bound
 (rows per decode step ≥ BALANCE_ROWS of their device), the compute-bound one first otherwise;
-then the per-decode-step overhead, then the fixed parts (so a single pilot prices its work
-proportionally, as the time estimate does).
+then the fixed parts, then the per-layer terms (so a single pilot prices its work proportionally,
+as the time estimate does, and two pilots of different widths fit the FLOPs and the width terms:
+depth alone cannot tell a per-layer cost from a per-parameter one, so pilots should differ in width).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MIN_SPREAD = 0.02  # relative spread of positions below which a fixed part cannot be told from a per-token one
+SEPARABLE = 0.1  # share of a term's column the others must leave unexplained for the pilots to tell it apart
 BALANCE_ROWS = {"cpu": 4, "cuda": 256}  # rows per decode step above which generation is compute-bound (FLOP/s ÷ bytes/s × bytes per weight / 2)
 
 
@@ -103,6 +108,8 @@ class Shape:
     strategy: str = "ddp"
     updates: int = 1
     sync_interval: float = 1.0
+    hidden: int = 1
+    layers: int = 1
 
     @property
     def sampled(self) -> float:
@@ -128,15 +135,16 @@ def comm_bytes(shape: Shape) -> float:
 
 
 TERMS = ("rollout fixed", "generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)",
-         "generation per decode step", "learning fixed", "training compute (6·P·T FLOPs)", "communication")
+         "generation per layer and decode step", "learning fixed", "training compute (6·P·T FLOPs)",
+         "training width (T·h·layers)", "communication")
 
 
 def rollout_columns(shape: Shape) -> list[float]:
-    return [1.0, 2 * shape.params * shape.sampled, shape.weight_bytes * shape.params * shape.decode_steps, shape.decode_steps]
+    return [1.0, 2 * shape.params * shape.sampled, shape.weight_bytes * shape.params * shape.decode_steps, shape.decode_steps * shape.layers]
 
 
 def learn_columns(shape: Shape) -> list[float]:
-    return [1.0, 6 * shape.params * shape.trained, comm_bytes(shape)]
+    return [1.0, 6 * shape.params * shape.trained, shape.trained * shape.hidden * shape.layers, comm_bytes(shape)]
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,7 @@ class ShapeCost:
     the interval's rest `other_s`, and what was left out and why."""
 
     rollout: tuple[float, ...]  # fixed s, s per generation FLOP, s per weight byte read, s per decode step
-    learn: tuple[float, ...]  # fixed s, s per training FLOP, s per byte sent
+    learn: tuple[float, ...]  # fixed s, s per training FLOP, s per position × width × layer, s per byte sent
     other_s: float
     left_out: tuple[str, ...] = ()
 
@@ -161,7 +169,8 @@ class ShapeCost:
         """The within-run model at `shape`: the same step, as lines in its sampled and trained positions."""
         r, c = self.rollout, rollout_columns(shape)
         per_sampled = r[1] * 2 * shape.params + (r[2] * c[2] + r[3] * c[3]) / max(shape.sampled, 1e-12)
-        learn = LinearCost(self.learn[0] + self.learn[2] * comm_bytes(shape), self.learn[1] * 6 * shape.params)
+        learn = LinearCost(self.learn[0] + self.learn[3] * comm_bytes(shape),
+                           self.learn[1] * 6 * shape.params + self.learn[2] * shape.hidden * shape.layers)
         return StepCost(LinearCost(r[0], per_sampled), learn, self.other_s)
 
     @property
@@ -172,7 +181,7 @@ class ShapeCost:
 
 def nnls(x: np.ndarray, y: np.ndarray, drop_order: list[int]) -> tuple[np.ndarray, list[int]]:
     """Least squares y ≈ x·c with c ≥ 0 over the columns the data tell apart: a column whose part not explained
-    by the other kept ones is under MIN_SPREAD of its size (relative to its mean), or whose coefficient comes out
+    by the other kept ones is under SEPARABLE of its size, or whose coefficient comes out
     negative, is dropped, in `drop_order`. Returns (c with 0 for the dropped, the dropped columns)."""
     keep = [j for j in range(x.shape[1]) if np.any(x[:, j] != 0)]
     dropped = [j for j in range(x.shape[1]) if j not in keep]
@@ -182,7 +191,7 @@ def nnls(x: np.ndarray, y: np.ndarray, drop_order: list[int]) -> tuple[np.ndarra
         others = [k for k in keep if k != j]
         col = x[:, j]
         resid = col - x[:, others] @ np.linalg.lstsq(x[:, others], col, rcond=None)[0]
-        if np.linalg.norm(resid) <= MIN_SPREAD * np.linalg.norm(col):
+        if np.linalg.norm(resid) <= SEPARABLE * np.linalg.norm(col):
             keep.remove(j)
             dropped.append(j)
     while True:
@@ -204,15 +213,15 @@ def fit_shape_cost(shapes: list[Shape], rollout_s: np.ndarray, learn_s: np.ndarr
     `bandwidth` (bytes/s): the communication priced at it instead of fitted."""
     xr = np.array([rollout_columns(s) for s in shapes])
     xl = np.array([learn_columns(s) for s in shapes])
-    # the generation term the device's balance does not favour goes first, then the per-step overhead, then fixed parts
-    order_r = [2, 3, 0, 1] if compute_bound else [1, 3, 0, 2]
+    # the generation term the device's balance does not favour goes first, then the fixed parts, then the per-layer terms
+    order_r = [2, 0, 3, 1] if compute_bound else [1, 0, 3, 2]
     cr, dropped_r = nnls(xr, rollout_s, order_r)
-    comm = xl[:, 2] / bandwidth if bandwidth else np.zeros(len(shapes))
-    cl, dropped_l = nnls(xl[:, :2] if bandwidth else xl, learn_s - comm, [2, 0, 1] if not bandwidth else [0, 1])
-    learn = (cl[0], cl[1], 1 / bandwidth) if bandwidth else tuple(cl)
+    comm = xl[:, 3] / bandwidth if bandwidth else np.zeros(len(shapes))
+    cl, dropped_l = nnls(xl[:, :3] if bandwidth else xl, learn_s - comm, [0, 2, 1] if bandwidth else [3, 0, 2, 1])
+    learn = (*cl[:3], 1 / bandwidth) if bandwidth else tuple(cl)
     names = [TERMS[j] for j in dropped_r] + [TERMS[4 + j] for j in dropped_l]
     return ShapeCost(tuple(float(c) for c in cr), tuple(float(c) for c in learn), float(np.mean(other_s)),
-                     tuple(n for n in names if not (n == "communication" and not np.any(xl[:, 2]))))
+                     tuple(n for n in names if not (n == "communication" and not np.any(xl[:, 3]))))
 
 
 def relative_band(predicted: np.ndarray, measured: np.ndarray, pilot: np.ndarray) -> float:
