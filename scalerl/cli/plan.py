@@ -27,7 +27,8 @@ def print_plan(out: dict[str, Any]) -> None:
           f"{', ' + out['strategy'] if out.get('strategy') and out['gpus'] > 1 else ''}, {out['steps']} steps, "
           f"{out['completion_length']:.0f} new tokens per completion")
     print(f"step time: {out['step_s']:.4g} s{_band(out, 'step_s', '.4g')}")
-    evals = f" (incl. {out['evals']} evaluations of {out['eval_s']:.3g} s)" if out.get("evals") else ""
+    evals = (f" (incl. {out['evals']} evaluations of {out['eval_s']:.3g} s: step 0, the pilot's eval.every and the end)"
+             if out.get("evals") else "")
     print(f"hours: {out['hours']:.4g}{_band(out, 'hours', '.4g')}{evals}")
     print(f"GPU-hours: {out['gpu_hours']:.4g}{_band(out, 'gpu_hours', '.4g')}")
     print(f"cost: {out['cost']:,.2f} at {out['price_per_gpu_hour']:g} per GPU-hour{_band(out, 'cost', ',.2f')}")
@@ -36,7 +37,8 @@ def print_plan(out: dict[str, Any]) -> None:
         shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(out["parts"].items(), key=lambda kv: -kv[1]) if v > 0)
         print(f"dominant term: {out['dominant']}; per step: {shares}")
         if out.get("achieved_tflops"):
-            print(f"achieved training rate in the pilots: {out['achieved_tflops'] * 1e3:.3g} GFLOP/s")
+            print(f"achieved training rate in the pilots: {out['achieved_tflops'] * 1e3:.3g} GFLOP/s of 6·P·T "
+                  "(T: trained positions, padding included)")
     for note in out["notes"]:
         print(f"note: {note}")
 
