@@ -13,6 +13,7 @@ from scalerl.cli.config_ref import config_command
 from scalerl.cli.estimate import estimate
 from scalerl.cli.export_eval import evaluate, export
 from scalerl.cli.launch import launch as launch_command
+from scalerl.cli.plan import plan
 from scalerl.cli.predict import predict
 from scalerl.cli.report import report
 from scalerl.errors import ScaleRLError
@@ -151,6 +152,7 @@ def train_rm(
 app.command("launch")(launch_command)
 app.command("predict")(predict)
 app.command("estimate")(estimate)
+app.command("plan")(plan)
 app.command("config")(config_command)
 
 

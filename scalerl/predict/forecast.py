@@ -1,7 +1,8 @@
 """`scalerl predict`'s forecast of one run, or of several seeds of one recipe fitted together.
 
 One run: its evaluations (`run_evals`) after the warm-up cut, up to `max_step`, and the step-0
-pass rate as an observation of R0, fitted by `reward_curve.fit_curve`; the curve, its 95 %
+pass rate as an observation of R0 (without one, the first evaluation whatever its step is kept
+past the cut: it is the run's observation nearest R0), fitted by `reward_curve.fit_curve`; the curve, its 95 %
 profile band, A's interval, the pass rate at the target compute and the compute at which a target
 pass rate is reached (with the band's range of it), plus `forecast_checks.diagnose`'s warnings.
 
@@ -34,10 +35,12 @@ class ForecastUnavailable(ScaleRLError):
 
 @dataclass(frozen=True)
 class Window:
-    """The evaluations a forecast fits (`fitted`) and the later ones it is checked against (`later`)."""
+    """The evaluations a forecast fits (`fitted`) and the later ones it is checked against (`later`, with their
+    weights in the fit's units when runs of different noise are pooled; None: the fit's mean weight)."""
 
     fitted: list[tuple[float, float]]
     later: list[tuple[float, float]]
+    later_w: list[float] | None = None
 
 
 def select_points(evals: RunEvals, compute: str, *, warmup_frac: float, max_step: int | None) -> Window:
@@ -45,7 +48,9 @@ def select_points(evals: RunEvals, compute: str, *, warmup_frac: float, max_step
     inside = [(c, r) for c, r, s in pts if max_step is None or s <= max_step]
     later = [(c, r) for c, r, s in pts if max_step is not None and s > max_step]
     if inside:
-        inside = [(c, r) for c, r in inside if c >= warmup_frac * inside[-1][0] and c > 0]
+        # with no step-0 observation the first evaluation stands for R0: the warm-up cut must not drop it
+        first = inside[0] if evals.r0 is None else None
+        inside = [(c, r) for c, r in inside if (c >= warmup_frac * inside[-1][0] or (c, r) == first) and c > 0]
     if len(inside) < MIN_POINTS:
         where = f" up to step {max_step}" if max_step is not None else ""
         raise ForecastUnavailable(
@@ -154,7 +159,8 @@ def forecast_runs(run_dirs: list[Path | str], *, compute: str = "steps", warmup_
     planned = float(max(planned_all)) if compute == "steps" else 0.0
     if target_compute is None and planned:
         target_compute = planned
-    window = Window(sorted(p for w in windows for p in w.fitted), sorted(p for w in windows for p in w.later))
+    later = sorted((c, r, wt) for w, wt in zip(windows, weights) for c, r in w.later)
+    window = Window(sorted(p for w in windows for p in w.fitted), [(c, r) for c, r, _ in later], [wt for _, _, wt in later])
     out = _summarise(data, fit, window, compute=compute, target_compute=target_compute, target_pass_rate=target_pass_rate,
                      planned=planned, extend=extend, n_curve=n_curve)
     a_alone = np.array([f.A for f in alone])

@@ -10,14 +10,21 @@ that decided. The rules:
 - `misfit`: the rmse is more than 2 × the evaluations' own noise, estimated from successive
   differences (σ ≈ rms(Δr) / √2, which a smooth trend barely moves): the curve is not a sigmoid
   here (a collapse, a regime change, a schedule change);
-- `outside_band`: evaluations after the fit window (when the fit stops at --fit-until-step) leave
-  the 95 % band widened by 2 × the fit's rmse, at least 0.005 (the band is the curve's; one evaluation adds its
-  own noise): what happened later was not in the forecast;
+- `outside_band`: the evaluations after the fit window (when the fit stops at --fit-until-step) do
+  not follow the forecast: the predictive F-test (Chow 1960) of the k later evaluations,
+  F = ((S_all − S_fit) / k) / σ², S the least (weighted) squares of the fit without and with them;
+  it fires when P(F(k, df) > F) < ALPHA (0.05). σ² pools the fit's residuals (S_fit over its df)
+  with the later evaluations' successive differences (mean Δr² / 2 over 2(k − 1)/3 degrees of
+  freedom; a shift after the window barely moves them): the residuals of a 4-parameter fit to a
+  few evaluations alone understate the noise, which made the rule it replaced (two evaluations
+  outside the band ± 2 rmse) fire on 7-10 % of true sigmoids. σ is floored at MIN_SD (0.0025) so
+  that exact data do not fire on the grid's rounding. Measured false alarms: tests/predict/;
 - `flat` / `falling`: the fitted evaluations' least-squares slope is within 2 standard errors
   of 0, or more than 2 below it;
 - `wide_band`: the 95 % band at the target compute is wider than ± WIDE (0.05): the window does
   not pin the final value down enough to plan on;
-- `r0` (note): R0 rests on a single evaluation (its noise is in the band), or on none.
+- `r0` (note): R0 rests on a single evaluation (its noise is in the band): the step-0 one, or without it the
+  first evaluation whatever its step (kept past the warm-up cut), or on none.
 """
 
 from __future__ import annotations
@@ -27,10 +34,13 @@ from typing import Any
 
 import numpy as np
 
+from scalerl.predict.reward_curve import CurveData, f_sf, fit_curve
+
 MISFIT_RATIO = 2.0
 SLOPE_T = 2.0
 WIDE = 0.05
-MIN_MARGIN = 0.005  # outside_band's smallest margin (exact data have a band of width 0)
+ALPHA = 0.05  # outside_band's false-alarm rate on a run that follows a sigmoid
+MIN_SD = 0.0025  # outside_band's smallest noise sd (exact data have none)
 
 
 def _item(rule: str, message: str, kind: str = "warning") -> dict[str, str]:
@@ -56,18 +66,7 @@ def diagnose(fit, window, band, *, r0_source: str, compute: str, target: float |
                                        f"differences; over {MISFIT_RATIO:g}x): the curve does not follow a sigmoid here (a collapse "
                                        "or a regime change?)"))
     if window.later:
-        lc = np.array([p[0] for p in window.later])
-        lr = np.array([p[1] for p in window.later])
-        rmse = math.sqrt(float(np.mean((r - fit(c)) ** 2)))
-        lo, hi = (np.array(e) for e in zip(*(band.interval(float(x)) for x in lc)))
-        margin = max(2 * rmse, MIN_MARGIN)
-        lo, hi = lo - margin, hi + margin
-        outside = (lr < lo) | (lr > hi)
-        if outside.sum() >= 2 or (outside.any() and outside[-1]):
-            worst = int(np.argmax(np.maximum(np.array(lo) - lr, lr - np.array(hi))))
-            out.append(_item("outside_band", f"{int(outside.sum())} of the {len(lr)} evaluations after the fit window fall outside "
-                                             f"the 95 % band ± {margin:.3f} (2 rmse) (at {compute} {lc[worst]:.4g}: {lr[worst]:.3f}, band "
-                                             f"{lo[worst]:.3f}-{hi[worst]:.3f}): the run changed course after the window"))
+        out.extend(later_check(fit, band.data, window, compute=compute))
     if len(r) >= 3:
         x = c - c.mean()
         slope = float(x @ (r - r.mean()) / (x @ x))
@@ -86,6 +85,37 @@ def diagnose(fit, window, band, *, r0_source: str, compute: str, target: float |
                                           f"+-{WIDE:g}: this window does not pin the final value down; fit more of the run"))
     if r0_source in ("step-0 evaluation", "summary.json"):
         out.append(_item("r0", f"R0 (fitted {fit.R0:.3f}) rests on one evaluation ({r0_source}); its noise is in the band", "note"))
+    elif r0_source.startswith("first evaluation"):
+        out.append(_item("r0", f"no step-0 evaluation: R0 (fitted {fit.R0:.3f}) rests on the {r0_source}, kept past the warm-up cut",
+                         "note"))
     elif r0_source == "none":
         out.append(_item("r0", "no step-0 evaluation: R0 is fitted from the curve alone", "note"))
     return out
+
+
+def later_check(fit, data: CurveData, window, *, compute: str) -> list[dict[str, str]]:
+    """`outside_band` (see the module docstring): [] or the one warning."""
+    lc = np.array([p[0] for p in window.later])
+    lr = np.array([p[1] for p in window.later])
+    lw = np.full(len(lc), float(data.w.mean())) if window.later_w is None else np.asarray(window.later_w, dtype=float)
+    if data.df < 1:
+        return []
+    k = len(lc)
+    # the noise from the fit's residuals and from the later evaluations' successive differences (a shift
+    # after the window barely moves those): a fit with few degrees of freedom overfits, and its residuals alone
+    # would understate the noise
+    k_d = 2 * (k - 1) / 3  # k − 1 differences, each pair sharing a point: about 2/3 of a degree of freedom each
+    diff_var = float(np.mean(np.diff(lr) ** 2 * lw[1:])) / 2 if k > 1 else 0.0  # E[(r_j+1 − r_j)²] = 2σ² on a flat stretch
+    df = data.df + k_d
+    var = max((fit.sse + k_d * diff_var) / df, MIN_SD ** 2 * float(data.w.mean()))  # in the fit's weight units
+    refit = fit_curve(CurveData(np.concatenate([data.c, lc]), np.concatenate([data.r, lr]), np.concatenate([data.w, lw])))
+    f = max(refit.sse - fit.sse, 0.0) / k / var
+    p = f_sf(f, k, df)
+    if p >= ALPHA:
+        return []
+    z = (lr - fit(lc)) * np.sqrt(lw / var)
+    worst = int(np.argmax(np.abs(z)))
+    return [_item("outside_band", f"the {k} evaluations after the fit window do not follow the forecast (F = {f:.1f} on {k} and "
+                                  f"{df:.0f} degrees of freedom, p = {p:.2g} < {ALPHA:g}; the furthest, at {compute} {lc[worst]:.4g}: "
+                                  f"{lr[worst]:.3f} against {float(fit(lc[worst])):.3f}, {z[worst]:+.1f} sd): the run changed course "
+                                  "after the window")]

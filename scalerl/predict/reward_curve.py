@@ -66,6 +66,38 @@ def t_quantile(p: float, df: float) -> float:
     return z + sum(gi / df ** (i + 1) for i, gi in enumerate(g))
 
 
+def f_sf(x: float, d1: float, d2: float) -> float:
+    """P(F > x) for F ~ F(d1, d2): the regularized incomplete beta I_{d2/(d2 + d1·x)}(d2/2, d1/2)
+    (Abramowitz & Stegun 26.6.2), by its continued fraction (Numerical Recipes 6.4)."""
+    if x <= 0:
+        return 1.0
+    return _beta_inc(d2 / 2, d1 / 2, d2 / (d2 + d1 * x))
+
+
+def _beta_inc(a: float, b: float, x: float) -> float:
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below the mean: use the symmetry
+        return 1.0 - _beta_inc(b, a, 1 - x)
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0  # Lentz's method
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / (c if abs(c) > tiny else tiny)
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-12:
+            break
+    return front * (f - 1.0) / a
+
+
 @dataclass(frozen=True)
 class CurveData:
     """Weighted observations (C, pass rate, weight); C = 0 marks an observation of R0."""

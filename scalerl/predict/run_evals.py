@@ -3,8 +3,10 @@
 From `metrics.jsonl` (the guarded reader: a torn last line is dropped with a note): the rows
 with `eval/pass_rate`, their step and the cumulative generated `tokens` before them. From
 `config.yaml`: the planned `train.steps` (0 when unknown). R0's observation is the step-0
-evaluation, else `pass_rate_before` of summary.json; `r0_source` says which (or "none": then R0
-is fitted from the curve alone).
+evaluation, else `pass_rate_before` of summary.json, else the run's first evaluation whatever its
+step (a run evaluated from step 1 on, still in flight): the forecast keeps that one at its own
+compute, past the warm-up cut, since it is the nearest the run comes to R0. `r0_source` says which
+("none" only for a run with no evaluation at all).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class RunEvals:
     tokens: list[float]
     pass_rate: list[float]
     r0: float | None
-    r0_source: str  # "step-0 evaluation", "summary.json", "none"
+    r0_source: str  # "step-0 evaluation", "summary.json", "first evaluation (step N)", "none"
     planned_steps: int  # 0: no config.yaml (or no train.steps in it)
     notes: list[str] = field(default_factory=list)  # stated skips
     has_tokens: bool = True
@@ -78,6 +80,8 @@ def read_run_evals(run_dir: Path | str) -> RunEvals:
             raise ScaleRLError(f"{run_dir}/summary.json is not a JSON object ({err}); remove it or rerun the run's end") from None
         if isinstance(before, (int, float)) and math.isfinite(before) and 0 <= before <= 1:
             r0, source = float(before), "summary.json"
+    if r0 is None and steps:
+        source = f"first evaluation (step {steps[0]})"
     return RunEvals(run_dir, steps, tokens, rates, r0, source, _planned_steps(run_dir), notes, has_tokens)
 
 

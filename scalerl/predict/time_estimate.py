@@ -1,5 +1,7 @@
 """A live forecast of a run's total wall time that follows the work: per-token costs, measured in the run.
 
+The step's cost model is `scalerl.predict.step_cost.StepCost`, the one `scalerl plan` fits across shapes.
+
     total ≈ elapsed + Σ_{future steps s} [ a_r + b_r · Ŝ(s)  +  a_l + b_l · T̂(s)  +  o ]
                     + (evals left) · mean eval time + (saves left) · mean save time
 
@@ -42,10 +44,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scalerl.predict.step_cost import StepCost
+
 MIN_TREND_POINTS = 10  # fewer points: the mean
 TREND_WINDOW = (20, 200)  # the trend looks at the last half of the steps seen, within these bounds (pairs cost O(n²))
 TREND_Z = 3.0  # a trend is used only when the Mann–Kendall z is this far from zero
-MIN_SPREAD = 0.02  # relative spread of positions below which a fixed part cannot be told from a per-token one
 
 
 def count_scheduled(first: int, last: int, every: int, *, include_last: bool) -> int:
@@ -74,28 +77,6 @@ class StepWork:
     def of(cls, step: int, metrics: dict, other_s: float) -> "StepWork":
         return cls(step, metrics["time/rollout_s"], metrics["time/learn_s"], other_s,
                    float(metrics["sampled_positions"]), float(metrics["trained_positions"]), float(metrics["completions"]))
-
-
-@dataclass(frozen=True)
-class LinearCost:
-    """seconds ≈ fixed + per_position · positions."""
-
-    fixed: float
-    per_position: float
-
-    @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray) -> "LinearCost":
-        if x.std() <= MIN_SPREAD * max(x.mean(), 1e-12) or len(x) < 3:
-            return cls(0.0, y.mean() / max(x.mean(), 1e-12))
-        slope, intercept = np.polyfit(x, y, 1)
-        if slope < 0:
-            return cls(float(y.mean()), 0.0)
-        if intercept < 0:
-            return cls(0.0, float((x * y).sum() / (x * x).sum()))
-        return cls(float(intercept), float(slope))
-
-    def total(self, positions: np.ndarray) -> float:
-        return float(self.fixed * len(positions) + self.per_position * positions.sum())
 
 
 def trend(steps: np.ndarray, values: np.ndarray, future: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -195,9 +176,9 @@ class TimeEstimator:
         else:
             s_hat = trend(steps, sampled, future, completions, cap)
             t_hat = trend(steps, trained, future, prompt + completions, prompt + cap)
-        rollout = LinearCost.fit(sampled, np.array([x.rollout_s for x in w]))
-        learn = LinearCost.fit(trained, np.array([x.learn_s for x in w]))
-        return rollout.total(s_hat) + learn.total(t_hat) + len(future) * _mean([x.other_s for x in w])
+        cost = StepCost.fit(sampled, np.array([x.rollout_s for x in w]), trained, np.array([x.learn_s for x in w]),
+                            np.array([x.other_s for x in w]))
+        return cost.total(s_hat, t_hat)
 
     def summary(self, actual_s: float) -> dict[str, float | None]:
         """The estimate made at `at_fraction` of the run against the measured total; error = (estimate − actual) / actual."""

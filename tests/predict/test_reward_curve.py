@@ -170,3 +170,42 @@ def test_pooled_runs_share_the_curve_and_keep_their_own_noise(tmp_path):
     width = pooled["target_band"][1] - pooled["target_band"][0]
     assert width < min(a["target_band"][1] - a["target_band"][0] for a in alone[1:])  # the noisier runs alone are less sure
     assert abs(pooled["predicted_at_target"] - 0.7587) < 0.01
+
+
+def test_r0_comes_from_the_first_evaluation_whatever_its_step(tmp_path):
+    # a run in flight evaluated from step 1 on (no step-0 evaluation, no summary.json): the warm-up cut
+    # (0.1 × 100 = 10) must not drop step 1, the run's only look at R0
+    rates = {s: v for s, v in _curve(noise=0.01, seed=3).items() if s}
+    rates[1] = float(sigmoid_curve(1.0, r0=0.3, a=0.8, b=2.0, c_mid=30.0))  # 0.3 + 0.5 / (1 + 900) = 0.3006
+    fc = forecast_run(_write_run(tmp_path / "from-step-1", rates))
+    assert fc["R0_source"] == "first evaluation (step 1)" and fc["points"][0] == [1.0, rates[1]] and fc["n_points"] == 11
+    assert abs(fc["R0"] - 0.3) < 0.01
+    assert "first evaluation (step 1)" in next(w["message"] for w in fc["warnings"] if w["rule"] == "r0")
+    with_r0 = forecast_run(_write_run(tmp_path / "with-step-0", {0: 0.3, **rates}))  # a step-0 one still wins, step 1 cut
+    assert with_r0["R0_source"] == "step-0 evaluation" and with_r0["points"][0][0] == 10.0
+
+
+def test_outside_band_false_alarms_on_true_sigmoids_stay_under_its_rate():
+    # 200 noisy draws of one true sigmoid (σ 0.01), fitted on steps 10..60 (6 evaluations and R0: 3 degrees of
+    # freedom) and checked on steps 70..200 (14 evaluations) that follow the same curve: a 5 % rule may fire on
+    # at most 5 % of them (the rule before, two evaluations outside the band ± 2 rmse, fired on 3 of 40 = 7.5 %
+    # here). The same draws with the later evaluations 0.15 lower (a fall a refit through the early window cannot
+    # absorb) must fire nearly always (measured: 0.05 lower fires on 2 of 20, 0.1 on 18, 0.15 on 20).
+    from scalerl.predict.forecast import Window
+    from scalerl.predict.forecast_checks import diagnose
+
+    rng = np.random.default_rng(1)
+    c, later = np.arange(10.0, 61.0, 10.0), np.arange(70.0, 201.0, 10.0)
+    fires = shifted = 0
+    for draw in range(200):
+        r = sigmoid_curve(c, r0=0.3, a=0.8, b=2.0, c_mid=30.0) + rng.normal(0, 0.01, len(c))
+        r_later = sigmoid_curve(later, r0=0.3, a=0.8, b=2.0, c_mid=30.0) + rng.normal(0, 0.01, len(later))
+        data = CurveData.of(c, r, r0=0.3 + rng.normal(0, 0.01))
+        fit = fit_curve(data)
+        band = ProfileBand(data, fit)
+        rules = diagnose(fit, Window(list(zip(c, r)), list(zip(later, r_later))), band, r0_source="x", compute="steps")
+        fires += any(w["rule"] == "outside_band" for w in rules)
+        if draw < 20:
+            down = Window(list(zip(c, r)), list(zip(later, r_later - 0.15)))
+            shifted += any(w["rule"] == "outside_band" for w in diagnose(fit, down, band, r0_source="x", compute="steps"))
+    assert fires <= 10 and shifted >= 19

@@ -3,7 +3,8 @@ completions that stay put, grow, or grow into their cap, evaluations and checkpo
 
 import numpy as np
 
-from scalerl.predict.time_estimate import LinearCost, TimeEstimator, count_scheduled, mann_kendall_z, trend
+from scalerl.predict.step_cost import LinearCost
+from scalerl.predict.time_estimate import TimeEstimator, count_scheduled, mann_kendall_z, trend
 
 N, PROMPT = 64, 8  # completions per step, prompt width
 ROLLOUT, LEARN, OTHER = (0.05, 1e-4), (0.02, 2e-4), 0.01  # fixed s + s per position; the rest of the interval
