@@ -89,6 +89,9 @@ class Rollout:
     on, possibly with gaps), `completion_attention_mask` 1 on every real token, observations
     included (what the forward pass attends to). Single-turn rollouts leave the latter empty: it is
     then `completion_mask` itself.
+
+    `teacher_logprobs` is filled by the rollout side only when it serves the distillation teacher:
+    the learner then uses them in place of a teacher of its own.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded
@@ -99,6 +102,9 @@ class Rollout:
     truncated: torch.Tensor  # (B,) bool, stopped at max_new_tokens without EOS
     group_ids: torch.Tensor  # (B,) long, which prompt of the step each row belongs to
     completion_attention_mask: torch.Tensor = field(default_factory=_empty)  # (B, T) long, or empty
+    # (B, T) float32, log π_teacher of each completion token (0 on padding) when the rollout side serves on-policy
+    # distillation's teacher (algorithm.distill_teacher_placement=rollout), at the sampling temperature; else empty
+    teacher_logprobs: torch.Tensor = field(default_factory=_empty)
 
     def completion_extent(self) -> torch.Tensor:
         """(B, T) long: 1 on every real completion-side token (policy and observations), 0 on padding."""

@@ -15,8 +15,7 @@ from scalerl.learner.algorithm import objective_settings
 from scalerl.learner.forgetting import AnchorData, EWCState, Forgetting
 from scalerl.learner.learner import Learner
 from scalerl.learner.optim import build_optimizer
-from scalerl.errors import ScaleRLError
-from scalerl.models.loading import load_model
+from scalerl.models.build import build_teacher
 from scalerl.models.logprobs import CompletionModel
 from scalerl.models.lora import AdaptersOff, trainable_fraction
 from scalerl.precision.apply import build_reference, weights_dtype
@@ -50,19 +49,6 @@ def build_forgetting(config: Config, ctx: DistContext, policy: torch.nn.Module, 
                       fisher_batches=fg.fisher_batches)
 
 
-def build_teacher(config: Config, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """algorithm.distill_teacher as a frozen model in the reference's precision; its vocabulary must be the student's."""
-    try:
-        teacher = load_model(config.model.model_copy(update={"path": config.algorithm.distill_teacher, "gradient_checkpointing": False}), device)
-    except ScaleRLError as err:  # load_model names model.path
-        raise ScaleRLError(str(err).replace("model.path:", "algorithm.distill_teacher:", 1)) from err
-    if teacher.get_output_embeddings().weight.shape[0] != policy.get_output_embeddings().weight.shape[0]:
-        raise ScaleRLError(f"algorithm.distill_teacher: {config.algorithm.distill_teacher} has a vocabulary of "
-                           f"{teacher.get_output_embeddings().weight.shape[0]} tokens, the student "
-                           f"{policy.get_output_embeddings().weight.shape[0]}; use a teacher with the student's tokenizer")
-    return build_reference(teacher, config.precision_policy)
-
-
 def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None) -> Learner:
     """Reference, critic, the parallel strategy's wrapping, optimizer and β controller around the policy; a
     learner of version 0. The reference is copied before wrapping, the optimizer built after (FSDP2 swaps
@@ -81,7 +67,7 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
         trained, total = trainable_fraction(policy)
         log.info("LoRA r=%d: %d of %d policy parameters train (%.2f%%)", config.model.lora.r, trained, total, 100 * trained / total)
     critic = parallel.wrap(critic) if critic is not None else None
-    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device)), trainable=False) if algo.distill_teacher else None
+    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device)), trainable=False) if algo.distill_teacher and algo.distill_teacher_placement == "learner" else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))
