@@ -12,7 +12,7 @@ from scalerl.config import Config
 from scalerl.distributed.build import build_strategy
 from scalerl.distributed.context import DistContext
 from scalerl.learner.algorithm import objective_settings
-from scalerl.learner.forgetting import AnchorData, EWCState, Forgetting
+from scalerl.learner.forgetting import AnchorData, EWCState, Forgetting, SelfDistill
 from scalerl.learner.learner import Learner
 from scalerl.learner.optim import build_optimizer
 from scalerl.models.build import build_teacher
@@ -35,18 +35,24 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
 
 
 def build_forgetting(config: Config, ctx: DistContext, policy: torch.nn.Module, tokenizer, prompts) -> Forgetting | None:
-    """The SFT anchor's data and EWC's state (θ* = the policy's weights now, F filled at step 0 or from a
-    checkpoint), or None when `forgetting` asks for neither."""
+    """The SFT anchor's data, EWC's state (θ* = the policy's weights now, F filled at step 0 or from a checkpoint) and
+    self-distillation's teacher (a frozen copy of the policy now), or None when `forgetting` asks for none of them."""
     fg = config.forgetting
-    if not (fg.sft or fg.ewc):
+    if not (fg.sft or fg.ewc or fg.self_distill):
         return None
     anchor = AnchorData.build(fg.data, prompts.encode, tokenizer, prompts.stop_ids()[-1], config.train.seed, ctx.rank)
     trained = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     ewc = EWCState.zeros(trained, fg.ewc_lambda) if fg.ewc else None
     rows = max(1, round(fg.sft_fraction * config.plan.mini_batch_size)) if fg.sft else 0
+    self_distill = None
+    if fg.self_distill:  # before any update: the copy is the starting policy (a resume starts from the run's own start)
+        self_distill = SelfDistill(teacher=CompletionModel(build_reference(policy, config.precision_policy)), policy=policy,
+                                   rows=max(1, round(fg.self_distill_fraction * config.plan.mini_batch_size)), weight=fg.self_distill_weight,
+                                   max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature,
+                                   stop_ids=list(prompts.stop_ids()))
     return Forgetting(anchor=anchor, rows=rows, sft_weight=fg.sft_weight if fg.sft else 0.0, ewc=ewc,
                       params=[p for _, p in trained], ctx=ctx, fisher_rows=config.rollout.prompts_per_step,
-                      fisher_batches=fg.fisher_batches)
+                      fisher_batches=fg.fisher_batches, self_distill=self_distill)
 
 
 def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None) -> Learner:

@@ -305,7 +305,7 @@ class Learner:
                 stats: dict[str, float] = {"loss": 0.0}
                 if self.forgetting is not None:  # the SFT anchor's rows: gradients kept local, summed with the last micro-batch's
                     with self.parallel.accumulating(sync=False):
-                        stats.update(self.forgetting.sft_backward(self.policy_forward, self.state.updates, self.autocast,
+                        stats.update(self.forgetting.anchor_backward(self.policy_forward, self.state.updates, self.autocast,
                                                                   self.precision.fp32_lm_head, self.state.loss_scale))
                 for micro in range(start, rows.stop, plan.micro_batch_size):
                     last = micro + plan.micro_batch_size >= rows.stop  # only its backward reduces across ranks
