@@ -131,7 +131,8 @@ class ScoredBatch:
     `policy_version` is the learner version whose weights the sampler held when it generated the
     batch: the learner compares it with its own to know whether the batch is on-policy (it never
     assumes so). `rollout.sampler_logprobs` are that sampler's log-probs, the behaviour policy of any
-    off-policy correction. `rollout.completion_mask` already carries the rollout side's filters
+    off-policy correction; `rollout.teacher_logprobs`, when the rollout side serves the distillation
+    teacher, are that teacher's. `rollout.completion_mask` already carries the rollout side's filters
     (zero-variance groups masked out). Rows are whole groups of `group_size` consecutive completions.
     """
 
