@@ -12,6 +12,7 @@ from scalerl.algorithms.forgetting import self_distill_loss
 from scalerl.config import load_config
 from scalerl.errors import ScaleRLError
 from scalerl.models.logprobs import CompletionModel
+from scalerl.trainer import loop
 
 from test_forgetting import ANCHOR, _roles, _trained, _update_gradients
 
@@ -62,6 +63,7 @@ def test_self_distill_adds_the_gradient_of_the_reverse_kl_on_sampled_anchor_prom
         assert torch.allclose(a - b, e, atol=1e-6)
     assert max(e.abs().max().item() for e in expected) > 1e-4
     assert seen[0]["self_distill/reverse_kl"] == pytest.approx(kl.item(), rel=1e-5) and kl.item() != 0.0
+    assert loop.train_step(rollout, learner, 2, learner.ctx)[1]["self_distill/reverse_kl"] > 0  # in the step's logged metrics
 
 
 def test_self_distill_config_errors():
