@@ -1,7 +1,8 @@
 """Forgetting: train on task A (addition), then RL on task B (subtraction); held-out A accuracy after B
-with none / SFT anchor / EWC / both, over seeds (issue 16).
+with none / SFT anchor / EWC / both / self-distillation, over seeds (issues 16, 37).
 
     python bench/forgetting.py --seeds 0 1 2 --save        # ~15 min on 2 cores; run it alone
+    python bench/forgetting.py --seeds 0 --variants none self_distill --save   # self-distillation beside nothing
 
 Stage A: the default job (GRPO on `a+b=`, 300 steps, seed 0), once. Stage B: from A's final checkpoint,
 GRPO on one-digit `a-b=` (`B_ARGS`) for --steps steps per seed and variant; the anchor data is A's
@@ -32,6 +33,8 @@ VARIANTS = {
     # the source's lambda = 0.1 barely moves this model (its Fisher is small): stronger penalties, for scale
     "ewc-1e2": {"forgetting.sft_fraction": 0.0, "forgetting.ewc": True, "forgetting.ewc_lambda": 100.0},
     "ewc-1e4": {"forgetting.sft_fraction": 0.0, "forgetting.ewc": True, "forgetting.ewc_lambda": 10000.0},
+    # the A model as the teacher of its own samples of A's prompts (reverse KL), no anchor responses used
+    "self_distill": {"forgetting.sft_fraction": 0.0, "forgetting.self_distill": True},
 }
 
 
@@ -131,9 +134,11 @@ def save(rows: list[dict], table: list[str], a0: float, b0: float, args) -> None
 
     out = ROOT / "bench" / "results"
     stem = f"forgetting_{date.today().isoformat()}"
+    command = (f"python bench/forgetting.py --seeds {' '.join(map(str, args.seeds))} --steps {args.steps} "
+               f"--variants {' '.join(args.variants)} --save")
     (out / f"{stem}.json").write_text(json.dumps({"rows": rows, "a_before_b": a0, "b_before_b": b0, "steps_b": args.steps,
-                                                  "seeds": args.seeds, "command": "python bench/forgetting.py --save"}, indent=1))
-    (out / f"{stem}.md").write_text("\n".join([f"# Forgetting ({date.today().isoformat()}, `python bench/forgetting.py --save`)", "",
+                                                  "seeds": args.seeds, "command": command}, indent=1))
+    (out / f"{stem}.md").write_text("\n".join([f"# Forgetting ({date.today().isoformat()}, `{command}`)", "",
                                                *table, ""]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for i, v in enumerate(args.variants):

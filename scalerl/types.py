@@ -91,6 +91,9 @@ class Rollout:
     on, possibly with gaps), `completion_attention_mask` 1 on every real token, observations
     included (what the forward pass attends to). Single-turn rollouts leave the latter empty: it is
     then `completion_mask` itself.
+
+    `teacher_logprobs` is filled by the rollout side only when it serves the distillation teacher:
+    the learner then uses them in place of a teacher of its own.
     """
 
     prompt_ids: torch.Tensor  # (B, P) long, left-padded
@@ -101,6 +104,9 @@ class Rollout:
     truncated: torch.Tensor  # (B,) bool, stopped at max_new_tokens without EOS
     group_ids: torch.Tensor  # (B,) long, which prompt of the step each row belongs to
     completion_attention_mask: torch.Tensor = field(default_factory=_empty)  # (B, T) long, or empty
+    # (B, T) float32, log π_teacher of each completion token (0 on padding) when the rollout side serves on-policy
+    # distillation's teacher (algorithm.distill_teacher_placement=rollout), at the sampling temperature; else empty
+    teacher_logprobs: torch.Tensor = field(default_factory=_empty)
 
     def completion_extent(self) -> torch.Tensor:
         """(B, T) long: 1 on every real completion-side token (policy and observations), 0 on padding."""
@@ -127,7 +133,8 @@ class ScoredBatch:
     `policy_version` is the learner version whose weights the sampler held when it generated the
     batch: the learner compares it with its own to know whether the batch is on-policy (it never
     assumes so). `rollout.sampler_logprobs` are that sampler's log-probs, the behaviour policy of any
-    off-policy correction. `rollout.completion_mask` already carries the rollout side's filters
+    off-policy correction; `rollout.teacher_logprobs`, when the rollout side serves the distillation
+    teacher, are that teacher's. `rollout.completion_mask` already carries the rollout side's filters
     (zero-variance groups masked out). Rows are whole groups of `group_size` consecutive completions.
     """
 

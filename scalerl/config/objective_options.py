@@ -96,3 +96,14 @@ class DistillOptions(_Options):
                                                           "distill_coef x (log pi_teacher - log pi_student), plus distill_task_coef x the task advantage.")
     distill_coef: float = Field(1.0, gt=0, description="distill_teacher: weight of the per-token reverse-KL advantage.")
     distill_task_coef: float = Field(0.0, ge=0, description="distill_teacher: weight of the task reward's advantage mixed in (0: pure distillation).")
+    distill_teacher_placement: Literal["learner", "rollout"] = Field(
+        "learner", description="distill_teacher: where the teacher runs. learner: the learner holds a frozen copy and scores each batch; "
+                               "rollout: the rollout side (the in-process worker, or the async producer process) scores its samples and "
+                               "ships the teacher's log-probs in the batch, so the learner holds no teacher.")
+
+    @model_validator(mode="after")
+    def _check_distill(self) -> "DistillOptions":
+        if self.distill_teacher_placement != "learner" and self.distill_teacher is None:
+            raise ValueError(f"algorithm.distill_teacher_placement={self.distill_teacher_placement} without algorithm.distill_teacher: "
+                             "name the teacher, or leave the placement at learner")
+        return self

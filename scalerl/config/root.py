@@ -111,6 +111,9 @@ class Config(_Section):
             raise ValueError("replay with rollout.max_turns > 1 is not supported yet (replay stores single-turn groups); set replay.kind=none")
         if self.rollout.mode == "async":
             self._check_async()
+        if self.forgetting.self_distill and self.parallel.strategy == "fsdp2":
+            raise ValueError("forgetting.self_distill with parallel.strategy=fsdp2 is not supported yet (each rank samples the anchor prompts "
+                             "from its whole weights); use parallel.strategy=ddp or dynamic")
         if self.forgetting.ewc and self.parallel.strategy == "fsdp2":
             raise ValueError("forgetting.ewc with parallel.strategy=fsdp2 is not supported yet (the Fisher is measured per rank on whole "
                              "weights); use parallel.strategy=ddp or dynamic")

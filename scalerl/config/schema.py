@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scalerl.config.forgetting_options import SelfDistillOptions
 from scalerl.config.objective_options import DistillOptions, EntropyOptions, PolicyLossOptions, RolloutCorrectionOptions
 from scalerl.config.train_options import TrainMemoryOptions
 
@@ -401,8 +402,8 @@ class ParallelConfig(_Section):
         return self
 
 
-class ForgettingConfig(_Section):
-    """Keeping what the policy knew (source 000 §5.2; scalerl/learner/forgetting.py): an SFT anchor and EWC."""
+class ForgettingConfig(SelfDistillOptions, _Section):
+    """Keeping what the policy knew (source 000 §5.2; scalerl/learner/forgetting.py): an SFT anchor, EWC, self-distillation."""
 
     data: Path | None = Field(None, description="Anchor data of the earlier task: a JSONL file of {prompt, response} rows (prompt: text or "
                                                 "{role, content} messages, chat-templated as env.chat_template; TRL's 'completion' is read as "

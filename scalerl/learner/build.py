@@ -12,11 +12,10 @@ from scalerl.config import Config
 from scalerl.distributed.build import build_strategy
 from scalerl.distributed.context import DistContext
 from scalerl.learner.algorithm import objective_settings
-from scalerl.learner.forgetting import AnchorData, EWCState, Forgetting
+from scalerl.learner.forgetting import AnchorData, EWCState, Forgetting, SelfDistill
 from scalerl.learner.learner import Learner
 from scalerl.learner.optim import build_optimizer
-from scalerl.errors import ScaleRLError
-from scalerl.models.loading import load_model
+from scalerl.models.build import build_teacher
 from scalerl.models.logprobs import CompletionModel
 from scalerl.models.lora import AdaptersOff, trainable_fraction
 from scalerl.precision.apply import build_reference, weights_dtype
@@ -36,31 +35,24 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
 
 
 def build_forgetting(config: Config, ctx: DistContext, policy: torch.nn.Module, tokenizer, prompts) -> Forgetting | None:
-    """The SFT anchor's data and EWC's state (θ* = the policy's weights now, F filled at step 0 or from a
-    checkpoint), or None when `forgetting` asks for neither."""
+    """The SFT anchor's data, EWC's state (θ* = the policy's weights now, F filled at step 0 or from a checkpoint) and
+    self-distillation's teacher (a frozen copy of the policy now), or None when `forgetting` asks for none of them."""
     fg = config.forgetting
-    if not (fg.sft or fg.ewc):
+    if not (fg.sft or fg.ewc or fg.self_distill):
         return None
     anchor = AnchorData.build(fg.data, prompts.encode, tokenizer, prompts.stop_ids()[-1], config.train.seed, ctx.rank)
     trained = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
     ewc = EWCState.zeros(trained, fg.ewc_lambda) if fg.ewc else None
     rows = max(1, round(fg.sft_fraction * config.plan.mini_batch_size)) if fg.sft else 0
+    self_distill = None
+    if fg.self_distill:  # before any update: the copy is the starting policy (a resume starts from the run's own start)
+        self_distill = SelfDistill(teacher=CompletionModel(build_reference(policy, config.precision_policy)), policy=policy,
+                                   rows=max(1, round(fg.self_distill_fraction * config.plan.mini_batch_size)), weight=fg.self_distill_weight,
+                                   max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature,
+                                   stop_ids=list(prompts.stop_ids()))
     return Forgetting(anchor=anchor, rows=rows, sft_weight=fg.sft_weight if fg.sft else 0.0, ewc=ewc,
                       params=[p for _, p in trained], ctx=ctx, fisher_rows=config.rollout.prompts_per_step,
-                      fisher_batches=fg.fisher_batches)
-
-
-def build_teacher(config: Config, policy: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """algorithm.distill_teacher as a frozen model in the reference's precision; its vocabulary must be the student's."""
-    try:
-        teacher = load_model(config.model.model_copy(update={"path": config.algorithm.distill_teacher, "gradient_checkpointing": False}), device)
-    except ScaleRLError as err:  # load_model names model.path
-        raise ScaleRLError(str(err).replace("model.path:", "algorithm.distill_teacher:", 1)) from err
-    if teacher.get_output_embeddings().weight.shape[0] != policy.get_output_embeddings().weight.shape[0]:
-        raise ScaleRLError(f"algorithm.distill_teacher: {config.algorithm.distill_teacher} has a vocabulary of "
-                           f"{teacher.get_output_embeddings().weight.shape[0]} tokens, the student "
-                           f"{policy.get_output_embeddings().weight.shape[0]}; use a teacher with the student's tokenizer")
-    return build_reference(teacher, config.precision_policy)
+                      fisher_batches=fg.fisher_batches, self_distill=self_distill)
 
 
 def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, forgetting: Forgetting | None = None,
@@ -84,7 +76,7 @@ def build_learner(config: Config, ctx: DistContext, policy: torch.nn.Module, for
         trained, total = trainable_fraction(policy)
         log.info("LoRA r=%d: %d of %d policy parameters train (%.2f%%)", config.model.lora.r, trained, total, 100 * trained / total)
     critic = parallel.wrap(critic) if critic is not None else None
-    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device), chunk_tokens=chunk), trainable=False) if algo.distill_teacher else None
+    teacher_forward = parallel.wrap(CompletionModel(build_teacher(config, policy, ctx.device), chunk_tokens=chunk), trainable=False) if algo.distill_teacher and algo.distill_teacher_placement == "learner" else None
     groups = [(policy, config.optim.lr)]
     if critic is not None:
         groups.append((critic, algo.critic_lr or config.optim.lr))

@@ -1,10 +1,11 @@
-"""What `forgetting.*` adds to the learner: the SFT anchor's supervised rows, EWC's anchor state, and the
-terms around each optimizer update (`Forgetting`).
+"""What `forgetting.*` adds to the learner: the SFT anchor's supervised rows, EWC's anchor state, self-distillation's
+frozen teacher (`SelfDistill`), and the terms around each optimizer update (`Forgetting`).
 
     forgetting.data (JSONL of prompt/response, or a save_to_disk dataset folder)
         → AnchorData: prompts through the run's prompt format (chat template), responses + the stop token
         → `batch(step, update, n)`: n rows as a `Rollout` (the learner's forward and `sft_nll`)
         → `EWCState.measure`: the diagonal Fisher at the starting weights, over fisher_batches × batch rows
+        → `SelfDistill.backward`: n anchor prompts sampled by the policy, reverse KL to the starting policy on them
 
 The objective terms themselves are pure functions in scalerl/algorithms/forgetting.py.
 """
@@ -17,10 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from scalerl.algorithms.forgetting import ewc_gradient, ewc_penalty, sft_nll
+from scalerl.algorithms.forgetting import ewc_gradient, ewc_penalty, self_distill_loss, sft_nll
 from scalerl.envs.base import conversational_prompt
 from scalerl.errors import ScaleRLError
 from scalerl.jsonl import read_objects
+from scalerl.models.logprobs import CompletionModel
 from scalerl.types import Rollout, Task, derive_seed
 
 RESPONSE_KEYS = ("response", "completion")  # TRL's prompt-completion format calls it completion
@@ -104,6 +106,52 @@ class AnchorData:
 
 
 @dataclass
+class SelfDistill:
+    """forgetting.self_distill: the frozen starting policy π_0 as the teacher of the policy's own samples of anchor prompts
+    (scalerl/algorithms/forgetting.py: self_distill_loss). The samples are drawn by the policy's plain module with Hugging
+    Face `generate` (a few short rows per update), per-update seeds (run seed, update, rank), at the sampling temperature."""
+
+    teacher: CompletionModel  # π_0: a frozen copy of the policy taken before the first update
+    policy: torch.nn.Module  # the plain Hugging Face policy, to sample from (no gradient sync, no grad)
+    rows: int
+    weight: float
+    max_new_tokens: int
+    temperature: float
+    stop_ids: list[int]
+
+    @torch.no_grad()
+    def sample(self, anchor: AnchorData, update: int, device: torch.device) -> Rollout:
+        """`rows` anchor prompts of update `update` (a function of the run seed, the update and the rank) with one
+        completion each from the policy: the completion ends at its first stop token (mask 1 up to it)."""
+        gen = torch.Generator().manual_seed(derive_seed(anchor.seed, "self_distill", update, anchor.rank))
+        picked = torch.randperm(len(anchor), generator=gen)[: min(self.rows, len(anchor))].tolist()
+        prompts = anchor.rollout(picked, device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(derive_seed(anchor.seed, "self_distill_draws", update, anchor.rank))
+            out = self.policy.generate(input_ids=prompts.prompt_ids, attention_mask=prompts.prompt_mask, do_sample=True,
+                                       temperature=self.temperature, top_k=0, top_p=1.0, max_new_tokens=self.max_new_tokens,
+                                       eos_token_id=self.stop_ids, pad_token_id=anchor.pad_id)
+        completion = out[:, prompts.prompt_ids.shape[1]:]  # (B, T)
+        stop = torch.isin(completion, torch.tensor(self.stop_ids, device=completion.device)).long()
+        mask = ((stop.cumsum(1) - stop) == 0).long()  # up to and including the first stop token
+        return Rollout(prompt_ids=prompts.prompt_ids, prompt_mask=prompts.prompt_mask, completion_ids=completion * mask + anchor.pad_id * (1 - mask),
+                       completion_mask=mask, sampler_logprobs=torch.zeros(mask.shape, device=device),
+                       truncated=stop.sum(1) == 0, group_ids=prompts.group_ids)
+
+    def backward(self, anchor: AnchorData, policy_forward: torch.nn.Module, update: int, autocast: Callable, fp32_head: bool,
+                 ctx: Any, loss_scale: float) -> dict[str, float]:
+        batch = self.sample(anchor, update, ctx.device)
+        tokens = ctx.sum(batch.completion_mask.sum().double().reshape(1)).item()
+        with torch.no_grad(), autocast():
+            teacher = self.teacher(batch, temperature=self.temperature, fp32_head=fp32_head).logprobs.float()
+        with autocast():
+            student = policy_forward(batch, temperature=self.temperature, fp32_head=fp32_head).logprobs.float()
+        loss, kl = self_distill_loss(student, teacher, batch.completion_mask, normalizer=tokens)
+        (self.weight * loss_scale * loss).backward()
+        return {"self_distill/reverse_kl": ctx.sum(kl.double().reshape(1)).item()}  # the anchor tokens' mean, all ranks
+
+
+@dataclass
 class EWCState:
     """θ* and the diagonal Fisher F of every trained tensor, in the parameters' order; checkpointed with the run
     (`state_dict`: plain name → tensor, which DCP saves beside the weights). Every rank holds all of it (EWC runs
@@ -130,17 +178,28 @@ class EWCState:
 class Forgetting:
     """The learner's forgetting terms around each optimizer update (scalerl/learner/learner.py):
 
-        before the micro-batches: the SFT anchor's rows, forward + backward of `sft_weight · sft_nll`
+        before the micro-batches: the SFT anchor's rows, forward + backward of `sft_weight · sft_nll`, and
+                                   self-distillation's sampled anchor prompts, of `weight · self_distill_loss`
                                    (no gradient sync: the update's last micro-batch sums everything)
         after the gradient sum:    EWC's gradient 2 λ F (θ − θ*) added to every trained tensor (the same
                                    on every rank, so it is added after the sum, not summed over ranks)
     """
 
     def __init__(self, *, anchor: AnchorData, rows: int, sft_weight: float, ewc: EWCState | None, params: list[torch.Tensor],
-                 ctx: Any, fisher_rows: int, fisher_batches: int):
-        """`rows`: anchor rows per update (0: no SFT anchor); `params`: the policy's trained tensors, in EWC's order."""
+                 ctx: Any, fisher_rows: int, fisher_batches: int, self_distill: SelfDistill | None = None):
+        """`rows`: anchor rows per update (0: no SFT anchor); `params`: the policy's trained tensors, in EWC's order;
+        `self_distill`: the starting policy as the teacher on sampled anchor prompts (None: off)."""
         self.anchor, self.rows, self.sft_weight, self.ewc, self.params, self.ctx = anchor, rows, sft_weight, ewc, params, ctx
         self.fisher_rows, self.fisher_batches = fisher_rows, fisher_batches
+        self.self_distill = self_distill
+
+    def anchor_backward(self, policy_forward: torch.nn.Module, update: int, autocast: Callable, fp32_head: bool,
+                        loss_scale: float = 1.0) -> dict[str, float]:
+        """The terms on anchor rows before an update's micro-batches: the SFT anchor's NLL and self-distillation's reverse KL."""
+        stats = self.sft_backward(policy_forward, update, autocast, fp32_head, loss_scale)
+        if self.self_distill is not None:
+            stats.update(self.self_distill.backward(self.anchor, policy_forward, update, autocast, fp32_head, self.ctx, loss_scale))
+        return stats
 
     def sft_backward(self, policy_forward: torch.nn.Module, update: int, autocast: Callable, fp32_head: bool,
                      loss_scale: float = 1.0) -> dict[str, float]:

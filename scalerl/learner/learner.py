@@ -29,6 +29,7 @@ from scalerl.algorithms.kl import kl_estimate
 from scalerl.algorithms.kl_control import KLController
 from scalerl.algorithms.entropy_control import applied_entropy_coef, next_entropy_coef
 from scalerl.algorithms.advantages import distillation_advantages
+from scalerl.errors import ScaleRLError
 from scalerl.algorithms.losses import aggregation_units, mask_truncated, masked_fill_zero
 from scalerl.algorithms.objective import ObjectiveInputs, rl_objective
 from scalerl.config import AlgorithmConfig, HealthConfig, OptimConfig
@@ -202,7 +203,7 @@ class Learner:
             kl = self.ctx.sum(torch.tensor([metrics["kl"], metrics["kl_seq"]], dtype=torch.float64)) / self.ctx.world_size
             self.kl_ctl.update(kl[0 if self.algo.kl.level == "token" else 1].item(), n_steps=len(batch) * self.ctx.world_size)
         metrics.update(lr=lr, beta=beta, on_policy=float(on_policy), staleness=float(self.state.version - batch.policy_version))
-        if self.teacher_forward is not None:
+        if self.algo.distill_teacher is not None:
             metrics["distill/reverse_kl"] = self.distill_kl  # mean over trained tokens of log π_student − log π_teacher
         self.state.version += 1
         return metrics
@@ -251,7 +252,7 @@ class Learner:
         w = batch.row_weights.to(mask.device) if batch.row_weights is not None else None  # PER's importance weights (replay)
         if algo.name != "ppo":
             advantages = self.global_outcome_advantages(batch.rewards)
-            if self.teacher_forward is not None:
+            if algo.distill_teacher is not None:
                 advantages = self.distill_advantages(rollout, mask, old_lp, advantages)  # (B, T)
             return Targets(mask, advantages if w is None else advantages * (w if advantages.dim() == 1 else w[:, None]), old_lp, ref_lp)
         old_values = self.frozen_forward(None, rollout, values=True)
@@ -265,10 +266,18 @@ class Learner:
 
     def distill_advantages(self, rollout: Rollout, mask: torch.Tensor, old_lp: torch.Tensor | None,
                            task: torch.Tensor) -> torch.Tensor:
-        """On-policy distillation's per-token advantage (B, T) against the teacher; the mean reverse KL
-        over this rank's trained tokens goes to `self.distill_kl` for the step's metrics."""
+        """On-policy distillation's per-token advantage (B, T) against the teacher: the learner's own frozen copy, or
+        (distill_teacher_placement=rollout) the log-probs the rollout side shipped in the batch. The mean reverse KL
+        over all ranks' trained tokens goes to `self.distill_kl` for the step's metrics."""
         student = old_lp if old_lp is not None else self.frozen_forward(self.policy_forward, rollout)
-        teacher = self.frozen_forward(self.teacher_forward, rollout)
+        if self.teacher_forward is not None:
+            teacher = self.frozen_forward(self.teacher_forward, rollout)
+        elif rollout.teacher_logprobs.shape == student.shape:
+            teacher = rollout.teacher_logprobs.to(student.device, torch.float32)
+        else:
+            raise ScaleRLError("algorithm.distill_teacher_placement=rollout: the batch carries no teacher log-probs (Rollout.teacher_logprobs "
+                               f"{tuple(rollout.teacher_logprobs.shape)}, the completions {tuple(student.shape)}); the rollout side "
+                               "must serve the teacher, or set distill_teacher_placement=learner")
         totals = self.ctx.sum(torch.stack([masked_fill_zero(student - teacher, mask).sum(), mask.sum()]).double())
         self.distill_kl = (totals[0] / totals[1].clamp(min=1)).item()
         return distillation_advantages(teacher, student, mask, coef=self.algo.distill_coef, task_advantages=task,
@@ -309,7 +318,7 @@ class Learner:
                 stats: dict[str, float] = {"loss": 0.0}
                 if self.forgetting is not None:  # the SFT anchor's rows: gradients kept local, summed with the last micro-batch's
                     with self.parallel.accumulating(sync=False):
-                        stats.update(self.forgetting.sft_backward(self.policy_forward, self.state.updates, self.autocast,
+                        stats.update(self.forgetting.anchor_backward(self.policy_forward, self.state.updates, self.autocast,
                                                                   self.precision.fp32_lm_head, self.state.loss_scale))
                 micros = self.micro_batches(rollout, rows)
                 for i, micro in enumerate(micros):

@@ -55,7 +55,9 @@ class RolloutSide(Protocol):
     shares_weights: bool  # it samples with the learner's own modules: `sync_weights` receives None, only a version
 
     def produce(self, step: int) -> ScoredBatch:
-        """Sample, score and filter the batch of `step` (each step once, in order)."""
+        """Sample, score and filter the batch of `step` (each step once, in order). With
+        algorithm.distill_teacher_placement=rollout it also fills `rollout.teacher_logprobs` (scalerl/types.py):
+        the learner then has no teacher of its own and refuses a batch without them."""
         ...
 
     def sync_weights(self, weights: Mapping[str, torch.Tensor] | None, version: int) -> None:

@@ -18,6 +18,7 @@ from scalerl.distributed.context import DistContext
 from scalerl.envs.agent import AgentEnv
 from scalerl.envs.registry import build_env
 from scalerl.errors import ScaleRLError
+from scalerl.models.build import build_teacher
 from scalerl.replay.buffer import ReplayBuffer
 from scalerl.rewards.pipeline import build_reward_pipeline
 from scalerl.rewards.sources import env_has_verifier
@@ -26,6 +27,7 @@ from scalerl.rollout.chat import prompt_format
 from scalerl.rollout.prompt_fit import fit_prompts, model_positions
 from scalerl.rollout.prompts import PromptStream
 from scalerl.rollout.replay_mix import ReplayMixer
+from scalerl.rollout.teacher import TeacherScorer
 from scalerl.rollout.worker import BatchFilters, EvalSettings, RolloutWorker
 from scalerl.types import SamplingParams, derive_seed
 
@@ -80,11 +82,12 @@ def build_vllm_sampler(config: Config, policy: torch.nn.Module, tokenizer, devic
 
 def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch.nn.Module, tokenizer, autocast,
                   gather=None, engine: str | None = None, functions: Mapping[str, Callable] | None = None,
-                  announce: bool = True) -> RolloutWorker:
+                  announce: bool = True, teacher: bool = True) -> RolloutWorker:
     """Environment, prompt stream, sampler and reward pipeline; `autocast` is the learner's (for sampling and policy
     embeddings), `gather` its strategy's full-weights context (for running a sharded policy whole); `engine` the
     sampler's (default `rollout.engine`); `functions` the Python API's reward callables (`function: python:NAME`);
-    `announce`: warn here when prompts are cut (rank 0 of the trainer, not the async producer too).
+    `announce`: warn here when prompts are cut (rank 0 of the trainer, not the async producer too); `teacher`: load
+    algorithm.distill_teacher here when its placement is rollout (False: a worker that only evaluates).
     Prompts longer than the model's positions allow are refused or cut here (scalerl/rollout/prompt_fit.py)."""
     engine = engine or config.rollout.engine
     env = build_env(config.env.name, config.env.args)
@@ -112,7 +115,18 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
     return RolloutWorker(sampler=sampler, env=env, tokenizer=tokenizer, stream=stream, rewards=rewards, params=params,
                          filters=BatchFilters(zero_variance=algo.zero_variance_filter, retire_pass_rate=algo.retire_pass_rate),
                          seed=config.train.seed, max_turns=ro.max_turns, ctx=ctx, shares_weights=engine == "hf",
-                         encode=prompts, replay=build_replay(config, ctx, tokenizer), evaluation=eval_settings(config, rewards.scorer))
+                         encode=prompts, replay=build_replay(config, ctx, tokenizer), evaluation=eval_settings(config, rewards.scorer),
+                         teacher=build_teacher_scorer(config, policy, ctx.device, autocast) if teacher else None)
+
+
+def build_teacher_scorer(config: Config, policy: torch.nn.Module, device: torch.device, autocast) -> TeacherScorer | None:
+    """algorithm.distill_teacher on the rollout side (placement rollout), scoring as the learner would: the sampling
+    temperature, the learner's precision (`autocast`) and micro-batch size; None for any other placement."""
+    algo = config.algorithm
+    if algo.distill_teacher is None or algo.distill_teacher_placement != "rollout":
+        return None
+    return TeacherScorer(build_teacher(config, policy, device), temperature=config.rollout.temperature,
+                         fp32_head=config.precision_policy.fp32_lm_head, micro_batch_size=config.plan.micro_batch_size, autocast=autocast)
 
 
 def eval_settings(config: Config, scorer) -> EvalSettings:

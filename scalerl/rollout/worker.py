@@ -28,6 +28,7 @@ from scalerl.rollout.evaluation import pass_rate
 from scalerl.rollout.multiturn import sample_episodes
 from scalerl.rollout.openai_server import OpenAIEndpoint
 from scalerl.rollout.replay_mix import ReplayMixer
+from scalerl.rollout.teacher import TeacherScorer
 from scalerl.rollout.prompts import PromptStream
 from scalerl.types import Rollout, SamplingParams, ScoredBatch, Task, derive_seed
 
@@ -56,7 +57,7 @@ class RolloutWorker:
     def __init__(self, *, sampler: Sampler, env, tokenizer, stream: PromptStream, rewards: RewardPipeline,
                  params: SamplingParams, filters: BatchFilters, seed: int, max_turns: int, ctx: DistContext,
                  shares_weights: bool, encode: Callable[[Task], list[int]] | None = None, replay: ReplayMixer | None = None,
-                 evaluation: EvalSettings | None = None):
+                 evaluation: EvalSettings | None = None, teacher: TeacherScorer | None = None):
         self.sampler, self.env, self.tokenizer, self.stream, self.rewards = sampler, env, tokenizer, stream, rewards
         self.params, self.filters, self.seed, self.max_turns, self.ctx = params, filters, seed, max_turns, ctx
         self.shares_weights = shares_weights  # the sampler runs the learner's own modules: syncing is only a version
@@ -64,6 +65,7 @@ class RolloutWorker:
                               # through its chat template; None: raw
         self.last_batch: ScoredBatch | None = None  # for the health monitor's collapse dump
         self.replay = replay  # older groups mixed into each batch (scalerl/rollout/replay_mix.py); None: no replay
+        self.teacher = teacher  # on-policy distillation's teacher served here (distill_teacher_placement=rollout); None: not here
         self.evaluation = evaluation or EvalSettings(SamplingParams(max_new_tokens=params.max_new_tokens, temperature=0.0),
                                                      max_tasks=2**31, batch_size=64)
 
@@ -81,7 +83,7 @@ class RolloutWorker:
         return [derive_seed(self.seed, "train", step, first + i) for i in range(self.stream.per_rank)]
 
     def produce(self, step: int) -> ScoredBatch:
-        """Sample, score and filter one step's batch."""
+        """Sample, score and filter one step's batch (and, serving the distillation teacher, its log-probs)."""
         tasks = self.stream.next_batch()
         cut_before = self.encode.cut[0] if self.cuts_prompts else 0
         rollout, completions = sample_episodes(self.sampler, self.env, tasks, self.tokenizer, self.params, self.seeds(step),
@@ -97,6 +99,8 @@ class RolloutWorker:
                             generated_tokens=generated, metrics=metrics)
         if self.replay is not None:
             batch = self.replay.mix(batch)
+        if self.teacher is not None:  # after the mix: replayed rows get the (frozen) teacher's log-probs too
+            batch.rollout.teacher_logprobs = self.teacher(batch.rollout)
         self.last_batch = batch
         return batch
 

@@ -179,7 +179,7 @@ def build_roles(config: Config, ctx: DistContext, resume: bool, overwrite: bool 
     # learner's own modules (the HF engine: nothing to sync, no second vLLM engine and KV cache in this process)
     rollout = build_rollout(config, ctx, run_dir, policy, tokenizer, learner.autocast,
                             gather=lambda: learner.parallel.gathered(learner.policy_forward), engine="hf" if asynchronous else None,
-                            functions=reward_funcs)
+                            functions=reward_funcs, teacher=not asynchronous)  # async: the producer serves the teacher
     if asynchronous:
         rollout = AsyncRollout(rollout, config, run_dir, producer)
         publish_weights(rollout, learner)

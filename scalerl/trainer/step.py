@@ -73,7 +73,7 @@ def step_metrics(batch: ScoredBatch, stats: dict[str, float], ctx, *, elapsed: f
         "staleness": stats["staleness"],  # learner versions the batch was behind when learned (0: synchronous)
         **{k: stats[k] for k in ("value_loss", "kl_before", "kl_guard_scale", "tis_clip_frac", "sampler_kl", "off_policy_masked_frac", "sft/loss",
                                    "ewc/loss", "loss_scale", "loss_scale_overflows", "entropy_coef", "sapo_gate", "vespo_phi", "gmpo_ratio",
-                                   "cov_frac", "top_entropy_frac", "distill/reverse_kl", "value_clip_frac") if k in stats},
+                                   "cov_frac", "top_entropy_frac", "distill/reverse_kl", "self_distill/reverse_kl", "value_clip_frac") if k in stats},
         **{k: v for k, v in stats.items() if k.startswith("rollout_corr/")},
         **batch.metrics,
     }
