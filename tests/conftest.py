@@ -13,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2` on 2 cores: one thread per worker (and its subprocesses), no oversubscription
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 # precision.mode=auto (the default) chooses by a timing probe (scalerl/precision/probe.py): the suite pins the probe's
 # rates to a tie, so auto runs fp32 and no explicit mode is warned about, on any machine and load (subprocesses inherit it).
 # tests/precision/test_auto_precision.py injects its own.
