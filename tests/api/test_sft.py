@@ -92,3 +92,13 @@ def test_chat_rows_and_bad_input(tmp_path):
         load_examples(config, tokenizer)
     with pytest.raises(ScaleRLError, match=r"^sft.data: give the data to fine-tune on"):
         scalerl.sft(config={"log.run_dir": str(tmp_path)})
+
+
+def test_cli_bad_data_is_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from scalerl.cli.main import app
+
+    result = CliRunner().invoke(app, ["sft", "--set", f"sft.data={tmp_path}/none.jsonl", "--set", f"log.run_dir={tmp_path}"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == f"error: sft.data: {tmp_path}/none.jsonl does not exist; give a JSONL file or a save_to_disk folder"

@@ -16,7 +16,8 @@ HAVE_RG = importlib.util.find_spec("reasoning_gym") is not None
 # every test but the missing extra's needs the package (CI installs it with the test extra)
 needs_rg = pytest.mark.skipif(not HAVE_RG, reason="needs the optional reasoning-gym package: pip install 'scalerl[reasoning-gym]'")
 
-SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"]}
+SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, "operators": ["+"], "allow_negation": False,
+         "allow_parentheses": False}  # 100 questions: a training pool of 30 repeats some of them in the held-out seeds
 
 
 def done(text: str) -> Completion:
@@ -33,11 +34,12 @@ def test_split_uses_disjoint_seeds_and_unseen_questions():
     # item i of a dataset of seed s is Random(s + i): training seeds 5..34, held-out from 35 on
     expected = rg.create_dataset("basic_arithmetic", seed=5, size=30, **SMALL)
     assert [t.meta["question"] for t in train] == [expected[i]["question"] for i in range(30)]
-    assert held[0].meta["entry"]["metadata"]["source_index"] >= 0
     seen = {t.meta["question"] for t in train}
     assert not seen & {t.meta["question"] for t in held}  # 1-digit sums repeat questions: eval_unseen skipped those
-    first = rg.create_dataset("basic_arithmetic", seed=35, size=1, **SMALL)[0]["question"]
-    assert held[0].meta["question"] == first or first in seen
+    following = rg.create_dataset("basic_arithmetic", seed=35, size=100, **SMALL)
+    unseen = [following[i]["question"] for i in range(100) if following[i]["question"] not in seen]
+    assert [t.meta["question"] for t in held] == unseen[:10]
+    assert held[-1].meta["entry"]["metadata"]["source_index"] > 9  # some seeds were skipped
     assert train[0].prompt.endswith("Give your final answer inside <answer></answer> tags.")  # answer_tag's template
 
 

@@ -38,7 +38,8 @@ def learner(forward: nn.Module, policy: nn.Module, optimizer: torch.optim.Optimi
                       micro_batch_size=micro, pad_id=0, lr=lr)
 
 
-def test_masked_cross_entropy_by_hand():
+@pytest.mark.parametrize("micro", [None, 1])  # one micro-batch (row 2 padded), or one per row: the same update
+def test_masked_cross_entropy_by_hand(micro):
     # θ = (0, ln 2, ln 3): π = (1/6, 1/3, 1/2). Examples (prompt, response): ([0], [1, 2]) and ([0, 0], [2]).
     # Trained tokens 1, 2, 2 (prompts and the padding after row 2's response, token 0, are masked out):
     #   L = −(ln 1/3 + ln 1/2 + ln 1/2) / 3 = ln 12 / 3 = 0.828302
@@ -46,7 +47,7 @@ def test_masked_cross_entropy_by_hand():
     # so one SGD step at lr 1 gives θ − (1/6, 0, −1/6).
     model = Unigram([0.0, math.log(2), math.log(3)])
     sgd = torch.optim.SGD(model.parameters(), lr=1.0)
-    out = learner(model, model, sgd, lr=1.0, micro=1).update([[([0], [1, 2])], [([0, 0], [2])]])
+    out = learner(model, model, sgd, lr=1.0, micro=micro).update([[([0], [1, 2])], [([0, 0], [2])]])
     assert out["loss"] == pytest.approx(math.log(12) / 3, abs=1e-6)
     assert out["tokens"] == 3
     expected = torch.tensor([0.0, math.log(2), math.log(3)]) - torch.tensor([1 / 6, 0.0, -1 / 6])
