@@ -102,3 +102,22 @@ def test_cli_bad_data_is_one_line_exit_2(tmp_path):
     result = CliRunner().invoke(app, ["sft", "--set", f"sft.data={tmp_path}/none.jsonl", "--set", f"log.run_dir={tmp_path}"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == f"error: sft.data: {tmp_path}/none.jsonl does not exist; give a JSONL file or a save_to_disk folder"
+
+
+def test_scalerl_eval_scores_a_run_on_reasoning_gym(finished, tmp_path):
+    """`scalerl eval RUN` on a run whose env is reasoning_gym: its held-out tasks, judged by the dataset's verifier."""
+    pytest.importorskip("reasoning_gym", reason="needs the optional reasoning-gym package: pip install 'scalerl[reasoning-gym]'")
+    import yaml
+
+    from scalerl.jobs.evaluate import run_eval
+
+    runs, _ = finished
+    run = tmp_path / "rg"
+    shutil.copytree(runs / "whole", run, ignore=shutil.ignore_patterns("model"))
+    tree = yaml_tree(run)
+    tree["env"] = {"name": "reasoning_gym", "args": {"datasets": [{"name": "basic_arithmetic", "size": 20, "eval_size": 3}],
+                                                     "extract": "last_line", "prompt_template": "{question}"}}
+    (run / "config.yaml").write_text(yaml.safe_dump(tree))
+    result = run_eval(str(run), None, 1, None, None, 4, 0)
+    assert result["env"] == "reasoning_gym" and result["tasks"] == 3 and result["scored_by"] == "verifier"
+    assert result["pass_rate"] in (0.0, 1 / 3, 2 / 3, 1.0)
