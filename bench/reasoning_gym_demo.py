@@ -11,7 +11,7 @@ the training pool lacks, each judged by reasoning-gym's own score_answer) of the
 step-0 evaluation) and after RL, the gain in points, and each phase's wall time. `--save` writes
 bench/results/reasoning_gym_demo_<date>.json and .md.
 
-    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --save
+    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --jobs 3 --save
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +46,6 @@ def one_seed(seed: int, config: Path, tmp: Path, threads: int, extra: list[str])
     common = ["--config", str(config), "--set", f"train.seed={seed}", "--set", f"train.threads={threads}",
               "--set", f"log.run_dir={tmp}", "--set", "log.console=none", *extra]
     data = tmp / "sft.jsonl"
-    if not data.is_file():
-        run(["examples/reasoning_gym_data.py", "--config", str(config), "--out", str(data)], threads)
     sft_s = run(["-m", "scalerl.cli.main", "sft", *common, "--set", f"sft.data={data}", "--name", f"sft{seed}"], threads)
     sft = json.loads((tmp / f"sft{seed}" / "summary.json").read_text())
     rl_s = run(["-m", "scalerl.cli.main", "train", *common, "--set", f"model.path={sft['model']}", "--name", f"rl{seed}"], threads)
@@ -74,17 +73,19 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each process (train.threads, OMP_NUM_THREADS)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (each its own processes)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="a further --set for both commands (repeatable)")
     ap.add_argument("--note", default="", help="what the results file should say about the machine (contention)")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     extra = [a for value in args.extra for a in ("--set", value)]
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds:
-            rows.append(one_seed(seed, args.config, Path(tmp), args.threads, extra))
-            print(json.dumps(rows[-1]), flush=True)
-    command = " ".join(["python bench/reasoning_gym_demo.py", "--seeds", *map(str, args.seeds), "--threads", str(args.threads),
+        run(["examples/reasoning_gym_data.py", "--config", str(args.config), "--out", str(Path(tmp) / "sft.jsonl")], args.threads)
+        with ThreadPoolExecutor(args.jobs) as pool:  # each seed's two processes run one after the other
+            rows = list(pool.map(lambda seed: one_seed(seed, args.config, Path(tmp), args.threads, extra), args.seeds))
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    command = " ".join(["python bench/reasoning_gym_demo.py", "--seeds", *map(str, args.seeds), "--threads", str(args.threads), "--jobs", str(args.jobs),
                         *(f"--set {v}" for v in args.extra), *(["--config", str(args.config.relative_to(ROOT))] if args.config != CONFIG else []),
                         "--save"])
     import yaml
