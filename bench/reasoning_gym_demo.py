@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (each its own processes)")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="a further --set for both commands (repeatable)")
     ap.add_argument("--note", default="", help="what the results file should say about the machine (contention)")
+    ap.add_argument("--tag", default="", help="appended to the results file's name (a second configuration on the same day)")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     extra = [a for value in args.extra for a in ("--set", value)]
@@ -87,7 +88,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     command = " ".join(["python bench/reasoning_gym_demo.py", "--seeds", *map(str, args.seeds), "--threads", str(args.threads), "--jobs", str(args.jobs),
                         *(f"--set {v}" for v in args.extra), *(["--config", str(args.config.relative_to(ROOT))] if args.config != CONFIG else []),
-                        "--save"])
+                        *([f"--tag {args.tag}"] if args.tag else []), "--save"])
     import yaml
 
     task = yaml.safe_load(args.config.read_text())["env"]["args"]
@@ -96,7 +97,7 @@ def main() -> None:
               "min_gain_points": min(r["gain_points"] for r in rows)}
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}))
     if args.save:
-        stem = ROOT / "bench" / "results" / f"reasoning_gym_demo_{report['date']}"
+        stem = ROOT / "bench" / "results" / f"reasoning_gym_demo{args.tag}_{report['date']}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         stem.with_suffix(".md").write_text(markdown(report))
         print(f"wrote {stem}.json and .md", file=sys.stderr)
