@@ -64,6 +64,26 @@ def train(
             run_training(checked, resume=resume, overwrite=overwrite)  # scalerl/trainer/loop.py
 
 
+@app.command()
+def sft(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML file of overrides of the defaults (its sft: section, model, optim, precision...)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one key, e.g. --set sft.data=train.jsonl (repeatable)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Run name: the run directory is <log.run_dir>/<name>."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Shorthand for --set sft.steps=N."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest intact checkpoint, with its saved config."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the run folder of --name holds and start afresh."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+) -> None:
+    """Supervised fine-tuning on prompt/response data (loss on the response only); writes a model folder for scalerl train."""
+    overrides = [*set_, *([f"log.name={name}"] if name is not None else []), *([f"sft.steps={steps}"] if steps is not None else [])]
+    setup_logging()
+    with guarded(debug):
+        from scalerl.cli.common import checked_config
+        from scalerl.jobs.sft import run_sft  # torch is imported only now
+
+        run_sft(checked_config(config, overrides, resume, overwrite), resume=resume, overwrite=overwrite)
+
+
 app.command("report")(report)
 app.command("export")(export)
 app.command("eval")(evaluate)

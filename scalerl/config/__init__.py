@@ -12,6 +12,7 @@
 from scalerl.config.load import dump_config, load_config, override_items, parse_override, read_yaml_mapping, with_overrides
 from scalerl.config.presets import CLUSTER_PRESETS, LEGACY_PRECISION, PRESETS, cluster_nodes, cluster_values
 from scalerl.config.root import Config
+from scalerl.config.sft import SFTConfig
 from scalerl.config.schema import (
     ALGORITHMS,
     DEFAULT_PARAM_GROUPS,
@@ -67,5 +68,5 @@ __all__ = [
     "HealthHangConfig", "HealthNoSignalConfig", "HealthNonFiniteConfig", "HealthPassRateDropConfig", "HealthPhaseConfig", "HealthPlateauConfig",
     "KLConfig", "LogConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PPOConfig", "ParallelConfig", "ParamGroupConfig",
     "PrecisionConfig", "RLOOConfig", "ReinforcePPConfig", "ReplayConfig", "RewardCapConfig", "RewardComponentConfig",
-    "RewardConfig", "RolloutConfig", "TrainConfig", "VLLMConfig",
+    "RewardConfig", "RolloutConfig", "SFTConfig", "TrainConfig", "VLLMConfig",
 ]

@@ -136,6 +136,7 @@ SECTIONS = {
     "checkpoint": "When checkpoints are saved and how many are kept.",
     "log": "The run folder, console, TensorBoard and Prometheus.",
     "health": "Health rules checked every step: events, warnings and automatic responses.",
+    "sft": "scalerl sft: supervised fine-tuning data, updates, batch, packing and where the model is written.",
 }
 
 

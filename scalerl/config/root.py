@@ -39,6 +39,7 @@ from scalerl.config.schema import (
     TrainConfig,
     _Section,
 )
+from scalerl.config.sft import SFTConfig
 
 
 def _group_relative(algo: BaseModel) -> bool:
@@ -67,6 +68,7 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -15,12 +15,13 @@ from scalerl.envs.calculator import CalculatorEnv
 from scalerl.envs.code import CodeEnv
 from scalerl.envs.math_env import MathEnv
 from scalerl.envs.open_prompts import OpenPromptsEnv
+from scalerl.envs.reasoning_gym import ReasoningGymEnv
 from scalerl.errors import ScaleRLError
 from scalerl.plugins import import_object
 from scalerl.types import Completion, Task
 
 ENVIRONMENTS: dict[str, type] = {"arithmetic": ArithmeticEnv, "calculator": CalculatorEnv, "math": MathEnv, "reward_model": OpenPromptsEnv, "code": CodeEnv,
-                               "agent": AgentEnv}
+                               "agent": AgentEnv, "reasoning_gym": ReasoningGymEnv}
 
 
 def resolve_env_class(name: str) -> type:
@@ -64,6 +65,8 @@ def validate_env_args(name: str, args: dict[str, Any]) -> None:
         config_cls.model_validate(args)
     except ValidationError as err:
         raise _env_args_error(err, name, config_cls) from None
+    except ScaleRLError:  # a Config's own one-line error (reasoning_gym: an unknown dataset, a missing extra)
+        raise
     except Exception as err:  # a plug-in's own validator that raised something else than ValueError
         raise ScaleRLError(f"env.args: {name}'s Config raised {type(err).__name__}: {_first_line(err)}") from err
 

@@ -28,36 +28,53 @@ from scalerl.types import Rollout, Task, derive_seed
 RESPONSE_KEYS = ("response", "completion")  # TRL's prompt-completion format calls it completion
 
 
-def read_anchor_rows(source: Path) -> list[tuple[str, list[dict[str, str]] | None, str]]:
-    """(prompt text, its messages or None, response) of each row of a JSONL file or a `save_to_disk` folder."""
+def conversation_row(messages: object, where: str) -> tuple[str, list[dict[str, str]], str]:
+    """A chat row's (prompt text, the messages before the reply, the reply): its last message is the assistant's."""
+    if not (isinstance(messages, list) and len(messages) >= 2 and isinstance(messages[-1], dict)
+            and messages[-1].get("role") == "assistant" and isinstance(messages[-1].get("content"), str)):
+        raise ScaleRLError(f"{where}: 'messages' must end with the assistant's reply ({{\"role\": \"assistant\", \"content\": ...}}) "
+                           "after at least one message")
+    text, prompt = conversational_prompt(messages[:-1], where)
+    return text, prompt, messages[-1]["content"]
+
+
+def read_anchor_rows(source: Path, where: str = "forgetting.data") -> list[tuple[str, list[dict[str, str]] | None, str]]:
+    """(prompt text, its messages or None, response) of each row of a JSONL file or a `save_to_disk` folder: a row has a
+    'prompt' (text or messages) and a 'response' (or 'completion'), or 'messages' ending with the assistant's reply.
+    `where`: the config key that named the data, for the messages."""
     if source.is_dir():
-        return _dataset_rows(source)
+        return _dataset_rows(source, where)
     rows = []
-    for i, row in read_objects(source, expected="'prompt' and 'response'", where="forgetting.data"):
+    for i, row in read_objects(source, expected="'prompt' and 'response'", where=where):
+        if "prompt" not in row and isinstance(row.get("messages"), list):
+            rows.append(conversation_row(row["messages"], f"{where}: {source}:{i}"))
+            continue
         response = next((row[k] for k in RESPONSE_KEYS if k in row), None)
         if "prompt" not in row or not isinstance(response, str):
-            raise ScaleRLError(f"forgetting.data: {source}:{i} needs a 'prompt' (text or messages) and a 'response' text "
-                               f"(it has: {', '.join(row) or 'nothing'})")
-        rows.append((*conversational_prompt(row["prompt"], f"forgetting.data: {source}:{i}"), response))
+            raise ScaleRLError(f"{where}: {source}:{i} needs a 'prompt' (text or messages) and a 'response' text, or 'messages' "
+                               f"ending with the assistant's reply (it has: {', '.join(row) or 'nothing'})")
+        rows.append((*conversational_prompt(row["prompt"], f"{where}: {source}:{i}"), response))
     return rows
 
 
-def _dataset_rows(folder: Path) -> list[tuple[str, list[dict[str, str]] | None, str]]:
+def _dataset_rows(folder: Path, where: str) -> list[tuple[str, list[dict[str, str]] | None, str]]:
     try:
         import datasets
     except ImportError:
-        raise ScaleRLError("forgetting.data: a dataset folder needs the 'datasets' package (pip install 'scalerl[datasets]'), "
+        raise ScaleRLError(f"{where}: a dataset folder needs the 'datasets' package (pip install 'scalerl[datasets]'), "
                            "or give a JSONL file") from None
     try:
         ds = datasets.load_from_disk(str(folder))
     except FileNotFoundError as err:
-        raise ScaleRLError(f"forgetting.data: {folder} is not a save_to_disk folder ({err}); give one, or a JSONL file") from None
+        raise ScaleRLError(f"{where}: {folder} is not a save_to_disk folder ({err}); give one, or a JSONL file") from None
     if isinstance(ds, datasets.DatasetDict):
         ds = ds["train"] if "train" in ds else next(iter(ds.values()))
     key = next((k for k in RESPONSE_KEYS if k in ds.column_names), None)
+    if "prompt" not in ds.column_names and "messages" in ds.column_names:
+        return [conversation_row(m, f"{where}: {folder}") for m in ds["messages"]]
     if "prompt" not in ds.column_names or key is None:
-        raise ScaleRLError(f"forgetting.data: {folder} needs 'prompt' and 'response' columns (it has: {', '.join(ds.column_names)})")
-    return [(*conversational_prompt(p, f"forgetting.data: {folder}"), r) for p, r in zip(ds["prompt"], ds[key])]
+        raise ScaleRLError(f"{where}: {folder} needs 'prompt' and 'response' columns (it has: {', '.join(ds.column_names)})")
+    return [(*conversational_prompt(p, f"{where}: {folder}"), r) for p, r in zip(ds["prompt"], ds[key])]
 
 
 @dataclass
@@ -72,8 +89,8 @@ class AnchorData:
 
     @classmethod
     def build(cls, source: Path, encode: Callable[[Task], list[int]], tokenizer: Any, stop_id: int, seed: int,
-              rank: int = 0) -> "AnchorData":
-        rows = read_anchor_rows(source)
+              rank: int = 0, where: str = "forgetting.data") -> "AnchorData":
+        rows = read_anchor_rows(source, where)
         prompts = [encode(Task(text, meta={"messages": messages} if messages else {})) for text, messages, _ in rows]
         responses = [tokenizer(r, add_special_tokens=False)["input_ids"] + [stop_id] for _, _, r in rows]
         return cls(prompts, responses, tokenizer.pad_token_id, seed, rank)

@@ -24,6 +24,7 @@ class CompletionForward:
 def completion_forward(
     model: torch.nn.Module, batch: Rollout, *, temperature: float = 1.0, fp32_head: bool = True,
     with_entropy: bool = False, with_hidden: bool = False, layout: str = "auto", chunk_tokens: int | None = 0,
+    segments: torch.Tensor | None = None,
 ) -> CompletionForward:
     """One forward pass over prompt + completion, keeping only what predicts the completion.
 
@@ -54,14 +55,21 @@ def completion_forward(
     by chunk (scalerl/models/chunked_logprobs.py): the (B, T, V) logits never exist whole, and the backward
     recomputes each chunk's. Same numbers up to rounding. Not for soft-capped logits, nor a low-precision head
     without `fp32_head` (those keep the logits whole).
+
+    `segments` (B, P+T) long, for rows that hold several examples one after the other (`scalerl sft`'s
+    packing): the example each position belongs to (−1 at padding). Each token then attends only to the
+    earlier tokens of its own example and positions restart at 0 with each (`_segment_hidden`), so a
+    packed row gives the numbers of its examples run alone.
     """
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], dim=1)  # (B, P+T)
     mask = batch.attention_mask()  # (B, P+T); a multi-turn episode's observations are context too
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     T = batch.completion_ids.shape[1]
-    layout = _layout(model, batch) if layout == "auto" else layout
+    layout = "segments" if segments is not None else _layout(model, batch) if layout == "auto" else layout
     chunk = _chunk(model, batch, chunk_tokens, fp32_head)
-    if layout == "packed":
+    if layout == "segments":
+        last = _segment_hidden(model, ids, segments)[:, -(T + 1):-1]  # (B, T, H)
+    elif layout == "packed":
         last = _packed_hidden(model, batch)  # (B, T, H)
     elif layout == "shared":
         last = _shared_prompt_hidden(model, batch, mask, positions, prompt_groups(batch))  # (B, T, H)
@@ -214,6 +222,22 @@ def _packed_hidden(model: torch.nn.Module, batch: Rollout) -> torch.Tensor:
     source = torch.where(t == 0, prompt_len[ub] - 1, dest - 1)
     picked = hidden.reshape(U * S, -1)[ub * S + source]  # (tokens, H)
     return picked.new_zeros(B * T, picked.shape[-1]).index_copy(0, b * T + t, picked).view(B, T, -1)
+
+
+def _segment_hidden(model: torch.nn.Module, ids: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
+    """(B, L, H) final hidden states of rows of consecutive examples (`segments`, see `completion_forward`)."""
+    B, L = ids.shape
+    dev = ids.device
+    same = (segments[:, None, :] == segments[:, :, None]) & (segments[:, :, None] >= 0)  # (B, L, L) query, key
+    sees = same & torch.ones((L, L), dtype=torch.bool, device=dev).tril()
+    sees |= torch.eye(L, dtype=torch.bool, device=dev)  # padding sees itself: no row of the softmax is empty
+    columns = torch.arange(L, device=dev).expand(B, L)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    positions = columns - (columns * starts).cummax(dim=1).values  # (B, L) 0 at each example's first token
+    if model.config._attn_implementation == "eager":  # eager adds the mask to its scores
+        sees = torch.zeros(sees.shape, device=dev).masked_fill(~sees, torch.finfo(torch.float32).min)
+    return model.get_decoder()(input_ids=ids, attention_mask=sees[:, None], position_ids=positions, use_cache=False).last_hidden_state
 
 
 def _can_share(model: torch.nn.Module) -> bool:
