@@ -38,6 +38,17 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subpro
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 
 
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker (`pytest -n 2`), tests marked `serial` (they measure the machine's load, which the
+    other worker changes) are skipped; the test command's second part, `pytest -m serial`, runs them alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    skip = pytest.mark.skip(reason="measures the machine's load: runs alone in `python -m pytest -q -m serial`")
+    for item in items:
+        if item.get_closest_marker("serial"):
+            item.add_marker(skip)
+
+
 def pytest_addoption(parser):
     parser.addoption("--reliability-doc", default=None, metavar="PATH",
                      help="write the fault-injection suite's table of faults and outcomes (tests/reliability/) to PATH")

@@ -43,7 +43,7 @@ def test_the_readme_is_a_front_door():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 15 * 1024
     ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^python3 -m venv .*python -m pytest -q$", text, re.M).group(0) in ci
+    assert re.search(r"^python3 -m venv .*python -m pytest -q -m serial$", text, re.M).group(0) in ci
     for target in re.findall(r"\]\(([^)#]+)\)", text):
         assert (ROOT / target).exists(), target
 

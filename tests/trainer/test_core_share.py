@@ -33,6 +33,7 @@ def test_busy_ticks_count_only_this_process_cpus_and_not_idle_or_iowait():
     assert _busy_jiffies({0, 1}, text) == (125, 232)
 
 
+@pytest.mark.serial
 @pytest.mark.skipif(not core_share.PROC_STAT.is_file() or len(os.sched_getaffinity(0)) < 2,
                     reason="needs Linux /proc/stat and 2 or more cores")
 def test_threads_drop_while_another_process_is_busy_and_come_back_after():
