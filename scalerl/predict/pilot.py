@@ -81,7 +81,9 @@ def read_pilot(run_dir: Path | str) -> Pilot:
     device, world = str(train.get("device", cfg.train.device)).split(":")[0], int(train.get("world_size", 1))
     model = shape_of_model_path(cfg.model.path)
     params = float(model.params)
-    w_bytes, g_bytes = weight_bytes(cfg.precision.mode)
+    # what ran: resolved.yaml has precision.mode=auto's choice (config.yaml keeps `auto`); a folder without it: fp32
+    mode = (resolved.get("precision") or {}).get("mode", cfg.precision.mode)
+    w_bytes, g_bytes = weight_bytes("fp32" if mode == "auto" else mode)
     groups = cfg.parallel.param_groups
     sync = float(np.mean([g.sync_interval for g in groups])) if groups else 1.0
     pilot = Pilot(run_dir, device, cfg.model.path, cfg)

@@ -160,3 +160,14 @@ def test_cli_prints_the_plan_and_one_line_errors(tmp_path):
         assert bad.exit_code == 2 and said in bad.output and bad.output.strip().count("\n") == 0, (args, bad.output)
     with pytest.raises(ScaleRLError, match="--gpus 3 --nodes 2"):
         plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="x", gpus=3, nodes=2)
+
+
+def test_a_pilot_is_priced_in_the_precision_it_ran(tmp_path):
+    """config.yaml keeps precision.mode=auto; resolved.yaml says what auto chose, and the pilot's bytes follow it."""
+    from scalerl.predict.pilot import read_pilot
+
+    run = _pilot(tmp_path, "auto")[0]
+    assert (read_pilot(run).shapes[0].weight_bytes, read_pilot(run).shapes[0].grad_bytes) == (4.0, 4.0)  # nothing recorded: fp32
+    with (run / "resolved.yaml").open("a") as f:
+        f.write("precision:\n  mode: standard\n  why: bf16 matmuls faster here\n")
+    assert (read_pilot(run).shapes[0].weight_bytes, read_pilot(run).shapes[0].grad_bytes) == (2.0, 4.0)

@@ -150,7 +150,7 @@ def test_training_with_the_vllm_engine_raises_the_pass_rate(runs):
     settings: 0.325 -> 0.52). A sync that loaded nothing would leave the evaluation at 0.325."""
     proc = run_cli("-m", "scalerl.cli.main", "train", "--steps", "60", "--name", "vllm-learn", "--set", f"log.run_dir={runs}",
                    "--set", "rollout.prompts_per_step=8", "--set", "eval.every=30", "--set", "rollout.engine=vllm",
-                   "--set", "rollout.vllm.kv_cache_gb=0.25", "--set", "train.threads=2", "--set", "log.console=none",
+                   "--set", "rollout.vllm.kv_cache_gb=0.25", "--set", f"train.threads={1 if os.environ.get('PYTEST_XDIST_WORKER') else 2}", "--set", "log.console=none",
                    "--set", "checkpoint.save_final=false", timeout=600, env={"OMP_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((runs / "vllm-learn" / "summary.json").read_text())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from scalerl.learner import build as learner_build
 from scalerl.trainer import loop
 from scalerl.learner import learner as learner_module
 
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2  # a pytest-xdist worker has one core of the two
+
 REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr", "entropy", "response_len", "tokens_per_s", "step_time_s"}
 
 
@@ -22,8 +25,8 @@ REQUIRED = {"step", "reward_mean", "reward_std", "kl", "loss", "grad_norm", "lr"
 def test_scalerl_train_raises_reward_and_pass_rate(runs):
     """`scalerl train` through the real CLI: reward rises, held-out pass rate rises, the run directory is complete."""
     proc = run_cli("-m", "scalerl.cli.main", "train", "--steps", "60", "--name", "learn", "--set", f"log.run_dir={runs}",
-                   "--set", "rollout.prompts_per_step=8", "--set", "eval.every=30", "--set", "train.threads=2",
-                   "--set", "log.console=plain", env={"OMP_NUM_THREADS": "2"})
+                   "--set", "rollout.prompts_per_step=8", "--set", "eval.every=30", "--set", f"train.threads={THREADS}",
+                   "--set", "log.console=plain", env={"OMP_NUM_THREADS": str(THREADS)})
     assert proc.returncode == 0, proc.stderr
     run = runs / "learn"
     rows = read_metrics(run)
