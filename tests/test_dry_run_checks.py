@@ -69,10 +69,25 @@ def test_a_broken_reward_module_fails_the_dry_run(tmp_path):
 def test_every_problem_gets_its_line(tmp_path):
     (tmp_path / "train.jsonl").write_text("not json\n")
     (tmp_path / "raises.py").write_text("def score(prompts, completions, **kw):\n    return [1.0, 2.0]\n")
-    lines = _errors(_dry_run(tmp_path, "--set", "model.path=nobody/no-such-model", "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}",
-                             "--set", "reward.components=[{name: mine, function: 'raises:score'}]"))
-    assert [line.split(":")[1].strip() for line in lines] == ["model.path", "env.args.data_file", "reward.components.0.function"]
-    assert "returned 2 scores for 1 completions" in lines[2]
+    proc = _dry_run(tmp_path, "--set", "model.path=nobody/no-such-model", "--set", f"env.args.data_file={tmp_path / 'train.jsonl'}",
+                    "--set", "reward.components=[{name: mine, function: 'raises:score'}]")
+    lines = _errors(proc)
+    assert [line.split(":")[1].strip() for line in lines] == ["model.path", "env.args.data_file"]
+    assert "raises:score imports; not called (no sample row: the environment did not build)" in proc.stdout
+    (tmp_path / "good.jsonl").write_text(ROWS)  # with rows to call it on, the reward's own problem gets its line
+    (line,) = _errors(_dry_run(tmp_path, "--set", f"env.args.data_file={tmp_path / 'good.jsonl'}",
+                               "--set", "reward.components=[{name: mine, function: 'raises:score'}]"))
+    assert line.startswith("error: reward.components.0.function") and "returned 2 scores for 1 completions" in line
+
+
+def test_a_good_reward_is_not_blamed_for_a_bad_data_file(tmp_path):
+    """Without the user's rows (the data file is missing) the reward is imported, not called on some other row."""
+    (tmp_path / "color.py").write_text("def score(prompts, completions, color, **kw):\n    return [1.0 for _ in completions]\n")
+    proc = _dry_run(tmp_path, "--set", "env.name=reward_model", "--set", f"env.args.data_file={tmp_path / 'missing.jsonl'}",
+                    "--set", "reward.components=[{name: color, function: 'color:score'}]")
+    (line,) = _errors(proc)
+    assert "missing.jsonl" in line and "color" not in line
+    assert "# checked: reward color: color:score imports; not called (no sample row: the environment did not build)" in proc.stdout
 
 
 def test_a_reward_module_in_the_current_folder_needs_no_pythonpath(tmp_path):

@@ -165,6 +165,9 @@ def check_reward_functions(config: Config, env: Any) -> list[str]:
             continue
         where = f"reward.components.{i}.function"
         fn = resolve_function(comp.function, where)
+        if env is None:  # the environment did not build (its line is above): no row of the user's data to call it on
+            lines.append(f"reward {comp.name}: {comp.function} imports; not called (no sample row: the environment did not build)")
+            continue
         try:
             scores = _bounded(lambda fn=fn, comp=comp: check_length(call_function(fn, comp.function, [prompt], [completion], kwargs,
                                                                                    comp.timeout_s), 1, comp.function),
