@@ -162,10 +162,11 @@ class Bookkeeping:
         if step > 0 and self.saved != step:
             self.learner.end_of_step(step, agree=True, saving=True)
             self.save(step)
-        kept = f"the checkpoint of step {step} is saved" if step > 0 else "no step had finished, nothing to save"
+        kept = (f"the checkpoint of step {step} is saved: fix the reward, then resume with --resume" if step > 0
+                else "no step had finished, nothing to save: fix the reward and start again")
         self.health.record(Event(step + 1, "reward_failures", "critical", str(failing), action="stopped the run",
                                  values={"component": failing.component, "share": failing.share}))
-        raise RewardsFailing(f"{failing}; {kept}: fix the reward, then resume with --resume", failing.component, failing.share) from None
+        raise RewardsFailing(f"{failing}; {kept}", failing.component, failing.share) from None
 
     def finish(self) -> None:
         """After the last step: the reward curve's phase verdict (an info event)."""

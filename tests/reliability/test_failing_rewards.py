@@ -41,6 +41,7 @@ def test_a_reward_raising_on_every_call_stops_the_run_in_one_line(runs, fault):
     assert got.returncode == 2 and len(errors) == 1, got.stderr
     line = errors[0]
     assert "reward component 'bad' failed on every item: 16 of 16 at step 1" in line and "ZeroDivisionError" in line, line
+    assert line.endswith("no step had finished, nothing to save: fix the reward and start again"), line  # no --resume to offer
     events = [e for e in read_events(runs / "run") if e["rule"] == "reward_failures"]
     assert len(events) == 1 and events[0]["severity"] == "critical" and events[0]["component"] == "bad"
     assert events[0]["share"] == 1.0
@@ -55,7 +56,7 @@ def test_most_items_failing_for_steps_in_a_row_stops_after_a_checkpoint(runs, fa
         loop.train(config)
     message = str(err.value)
     assert "'shaky' failed on more than 50% of the items for 3 steps in a row" in message and "12 of 16 at step 3" in message
-    assert "item 1" in message and "the checkpoint of step 2 is saved" in message, message
+    assert "item 1" in message and "the checkpoint of step 2 is saved: fix the reward, then resume with --resume" in message, message
     rows = read_metrics(runs / "run")
     assert [r["reward/shaky_failures"] for r in rows] == [12.0, 12.0] and [r["reward/failed_share"] for r in rows] == [0.75, 0.75]
     newest = ckpt.latest_checkpoint(runs / "run" / "checkpoints")
