@@ -90,3 +90,25 @@ def test_a_batch_without_teacher_log_probs_is_refused(runs, teacher, monkeypatch
 def test_the_placement_needs_a_teacher():
     with pytest.raises(Exception, match="distill_teacher_placement=rollout without algorithm.distill_teacher"):
         load_config(overrides={"algorithm.distill_teacher_placement": "rollout"})
+
+
+def test_an_async_producer_serves_the_teacher(runs, teacher):
+    """rollout.mode=async: the producer process loads the teacher (the learner and the trainer's evaluating worker
+    hold none) and ships log π_teacher with each batch; they equal the rollout-side scorer's forward of the same
+    batch here, and are 0 off the completion's tokens."""
+    from scalerl.rollout.build import build_teacher_scorer
+
+    config = load_config(overrides=tiny_overrides(runs, "async-teacher", **{
+        "algorithm.distill_teacher": teacher, "algorithm.distill_teacher_placement": "rollout", "rollout.mode": "async",
+        "algorithm.tis_cap": 2.0, "rollout.producer_threads": 1, "rollout.max_staleness": 1}))
+    rollout, learner, _ = loop.build_roles(config, DistContext(), resume=False)
+    try:
+        batch = rollout.produce(1)
+    finally:
+        rollout.close()
+    assert learner.teacher_forward is None and rollout.local.teacher is None
+    shipped, mask = batch.rollout.teacher_logprobs, batch.rollout.completion_extent().bool()
+    assert shipped.shape == batch.rollout.completion_ids.shape
+    assert (shipped[mask] <= 0).all() and shipped[mask].sum() < 0 and shipped[~mask].abs().max().item() == 0.0
+    expected = build_teacher_scorer(config, learner.policy, torch.device("cpu"), learner.autocast)(batch.rollout)
+    torch.testing.assert_close(shipped, expected, rtol=1e-5, atol=1e-6)
