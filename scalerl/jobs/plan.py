@@ -98,20 +98,24 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
     if gpus > 1 and not measured_comm and bandwidth_gbs is None:
         raise ScaleRLError(f"--gpus {gpus}: every pilot ran one process, so the communication has no measured bandwidth; pass "
                            "--bandwidth-gbs (the collective's bandwidth per process, GB/s) or add a pilot run with --nproc 2")
+    kv_measured = [k for p in pilots for k in p.kv_s_per_byte]
     cost = fit_shape_cost(shapes, np.concatenate([p.rollout_s for p in pilots]), np.concatenate([p.learn_s for p in pilots]),
                           np.concatenate([p.other_s for p in pilots]), compute_bound=compute_bound,
-                          bandwidth=None if measured_comm and bandwidth_gbs is None else (bandwidth_gbs or 1.0) * 1e9)
+                          bandwidth=None if measured_comm and bandwidth_gbs is None else (bandwidth_gbs or 1.0) * 1e9,
+                          kv_s_per_byte=max(float(np.mean(kv_measured)), 0.0) if kv_measured else None)
     prompt = max(base.trained / base.completions - base.decode_steps, 0.0)
     length = float(completion_length) if completion_length is not None else base.decode_steps
     params = float(model.params)
-    target = replace(base, params=params, hidden=model.hidden, layers=model.layers, world=gpus, decode_steps=length,
+    kv_bytes = 2.0 * model.layers * model.kv_heads * model.head_dim * base.weight_bytes  # as the pilot's (scalerl/predict/pilot.py)
+    target = replace(base, params=params, hidden=model.hidden, layers=model.layers, world=gpus, decode_steps=length, kv_bytes=kv_bytes,
                      trained=base.completions * (prompt + length), strategy=strategy or base.strategy)
     measured = np.concatenate([p.step_s for p in pilots])
     predicted = np.array([cost.seconds(s) for s in shapes])
     rel = relative_band(predicted, measured, np.concatenate([[k] * len(p.shapes) for k, p in enumerate(pilots)]))
     parts = cost.parts(target)
     n_steps = steps or ref.config.train.steps
-    gen = ("generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)", "generation per layer and decode step")
+    gen = ("generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)", "generation per layer and decode step",
+           "generation KV cache (bytes read)")
     gen_ratio = sum(parts[k] for k in gen) / max(sum(cost.parts(base)[k] for k in gen), 1e-12)
     eval_s = float(np.mean([e for p in pilots for e in p.eval_s])) * gen_ratio if any(p.eval_s for p in pilots) else 0.0
     evals = 1 + count_scheduled(1, n_steps, ref.config.eval.every, include_last=True) if eval_s else 0

@@ -2,7 +2,8 @@
 
 From the run folder: `metrics.jsonl` (per step `time/rollout_s`, `time/learn_s`, `step_time_s`,
 `sampled_positions`, `trained_positions`, `completions`, summed over processes, `time/elapsed_s`,
-and `eval_time_s` where it evaluated), `config.yaml` (the model, precision, strategy, updates per
+`eval_time_s` where it evaluated, and `time/decode_s_per_position` where the HF engine timed its decode steps),
+`config.yaml` (the model, precision, strategy, updates per
 step, evaluation schedule) and `resolved.yaml` (the device and the number of processes). The first
 WARMUP steps (allocator growth, lazy kernel selection) are left out, as the time estimate does.
 Every problem is a one-line error naming the folder and what to give instead.
@@ -33,6 +34,7 @@ class Pilot:
     learn_s: list[float] = field(default_factory=list)
     other_s: list[float] = field(default_factory=list)
     eval_s: list[float] = field(default_factory=list)
+    kv_s_per_byte: list[float] = field(default_factory=list)  # per step: the decode's growth per KV byte read (DecodeClock)
     wall_s: float | None = None  # summary.json's wall_time_s, when the run finished
 
     @property
@@ -84,6 +86,8 @@ def read_pilot(run_dir: Path | str) -> Pilot:
     # what ran: resolved.yaml has precision.mode=auto's choice (config.yaml keeps `auto`); a folder without it: fp32
     mode = (resolved.get("precision") or {}).get("mode", cfg.precision.mode)
     w_bytes, g_bytes = weight_bytes("fp32" if mode == "auto" else mode)
+    # KV cache bytes per row and cached position, all layers (the cache holds K and V at the compute precision's width)
+    kv_bytes = 2.0 * model.layers * model.kv_heads * model.head_dim * w_bytes
     groups = cfg.parallel.param_groups
     sync = float(np.mean([g.sync_interval for g in groups])) if groups else 1.0
     pilot = Pilot(run_dir, device, cfg.model.path, cfg)
@@ -106,7 +110,9 @@ def read_pilot(run_dir: Path | str) -> Pilot:
         pilot.shapes.append(Shape(params=params, weight_bytes=w_bytes, grad_bytes=g_bytes, completions=c,
                                   decode_steps=row["sampled_positions"] / max(row["completions"], 1), trained=row["trained_positions"] / world,
                                   world=world, strategy=cfg.parallel.strategy, updates=cfg.plan.updates_per_step, sync_interval=sync,
-                                  hidden=model.hidden, layers=model.layers))
+                                  hidden=model.hidden, layers=model.layers, kv_bytes=kv_bytes))
+        if row.get("time/decode_s_per_position") is not None:  # seconds per cached position of the process's whole batch
+            pilot.kv_s_per_byte.append(row["time/decode_s_per_position"] / (c * kv_bytes))
         pilot.rollout_s.append(row["time/rollout_s"])
         pilot.learn_s.append(row["time/learn_s"])
         pilot.other_s.append(max(gap - row["step_time_s"], 0.0))

@@ -15,10 +15,14 @@ coefficients are written in the shape's terms, so that a pilot on a small model,
 short completions prices a bigger one:
 
     b_r·S = g_c · 2P·S  +  g_m · W·L  +  g_t · L·n     generation: compute-bound part at 1/g_c FLOP/s (2 FLOPs per
-                                                       parameter per decoded position), memory-bound part per byte
+          + g_kv · K                                   parameter per decoded position), memory-bound part per byte
                                                        of weights read per decode step (W bytes, L = S / completions
-                                                       decode steps), and an overhead per layer (n layers) and decode
-                                                       step (the sampling loop, a layer's kernel launches)
+                                                       decode steps), an overhead per layer (n layers) and decode
+                                                       step (the sampling loop, a layer's kernel launches), and the
+                                                       KV cache read per decode step: K = completions · kv · Σ_k (p + k)
+                                                       bytes over the decode steps k = 1..L−1 (kv bytes per row and
+                                                       cached position over all layers, p the padded prompt), which
+                                                       grows with the square of the length
     b_l·T = f · 6P·T  +  e · T·h·n                     training FLOPs (forward and backward, Kaplan et al. 2020's
                                                        6 per parameter per position) at the achieved 1/f FLOP/s, and
                                                        the work that grows with the width h, not its square: the
@@ -26,6 +30,11 @@ short completions prices a bigger one:
                                                        (per-parameter cost f·(1 + h0/h) is f·6PT + e·T·h·n, as P ≈ 13h²n)
     a_l  += bytes / bandwidth                          communication per strategy (`comm_bytes`)
     a_r, a_l, o                                        the per-step fixed overhead
+
+The KV term's coefficient is measured, not fitted, where the pilots recorded it: the HF engine times
+each decode step against its cache length (`DecodeClock`, `time/decode_s_per_position` in
+metrics.jsonl), so one pilot at short completions prices long ones; a pilot without the record
+(the vLLM engine) leaves it to the fit below like the other terms.
 
 The terms are fitted by non-negative least squares over every pilot's steps pooled. A term whose
 column the pilots do not vary apart from the others (by more than SEPARABLE, 10 %: one pilot at
@@ -110,10 +119,17 @@ class Shape:
     sync_interval: float = 1.0
     hidden: int = 1
     layers: int = 1
+    kv_bytes: float = 0.0  # KV cache bytes per row and cached position, all layers (2 · layers · kv heads · head dim · bytes)
 
     @property
     def sampled(self) -> float:
         return self.completions * self.decode_steps
+
+    @property
+    def kv_read(self) -> float:
+        """K: the KV cache bytes the decode steps read, completions · kv · Σ_{k=1}^{L−1} (p + k), p the padded prompt."""
+        steps, prompt = max(self.decode_steps - 1, 0.0), max(self.trained / max(self.completions, 1e-12) - self.decode_steps, 0.0)
+        return self.completions * self.kv_bytes * (steps * prompt + steps * (steps + 1) / 2)
 
 
 def comm_bytes(shape: Shape) -> float:
@@ -135,12 +151,13 @@ def comm_bytes(shape: Shape) -> float:
 
 
 TERMS = ("rollout fixed", "generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)",
-         "generation per layer and decode step", "learning fixed", "training compute (6·P·T FLOPs)",
+         "generation per layer and decode step", "generation KV cache (bytes read)", "learning fixed", "training compute (6·P·T FLOPs)",
          "training width (T·h·layers)", "communication")
 
 
 def rollout_columns(shape: Shape) -> list[float]:
-    return [1.0, 2 * shape.params * shape.sampled, shape.weight_bytes * shape.params * shape.decode_steps, shape.decode_steps * shape.layers]
+    return [1.0, 2 * shape.params * shape.sampled, shape.weight_bytes * shape.params * shape.decode_steps, shape.decode_steps * shape.layers,
+            shape.kv_read]
 
 
 def learn_columns(shape: Shape) -> list[float]:
@@ -152,7 +169,7 @@ class ShapeCost:
     """Seconds per second-of-work coefficients of `TERMS` (a coefficient 0: the term was left out or fitted 0),
     the interval's rest `other_s`, and what was left out and why."""
 
-    rollout: tuple[float, ...]  # fixed s, s per generation FLOP, s per weight byte read, s per decode step
+    rollout: tuple[float, ...]  # fixed s, s per generation FLOP, s per weight byte read, s per decode step, s per KV byte read
     learn: tuple[float, ...]  # fixed s, s per training FLOP, s per position × width × layer, s per byte sent
     other_s: float
     left_out: tuple[str, ...] = ()
@@ -168,7 +185,7 @@ class ShapeCost:
     def at(self, shape: Shape) -> StepCost:
         """The within-run model at `shape`: the same step, as lines in its sampled and trained positions."""
         r, c = self.rollout, rollout_columns(shape)
-        per_sampled = r[1] * 2 * shape.params + (r[2] * c[2] + r[3] * c[3]) / max(shape.sampled, 1e-12)
+        per_sampled = r[1] * 2 * shape.params + (r[2] * c[2] + r[3] * c[3] + r[4] * c[4]) / max(shape.sampled, 1e-12)
         learn = LinearCost(self.learn[0] + self.learn[3] * comm_bytes(shape),
                            self.learn[1] * 6 * shape.params + self.learn[2] * shape.hidden * shape.layers)
         return StepCost(LinearCost(r[0], per_sampled), learn, self.other_s)
@@ -208,18 +225,22 @@ def nnls(x: np.ndarray, y: np.ndarray, drop_order: list[int]) -> tuple[np.ndarra
 
 
 def fit_shape_cost(shapes: list[Shape], rollout_s: np.ndarray, learn_s: np.ndarray, other_s: np.ndarray, *,
-                   compute_bound: bool, bandwidth: float | None = None) -> ShapeCost:
+                   compute_bound: bool, bandwidth: float | None = None, kv_s_per_byte: float | None = None) -> ShapeCost:
     """`ShapeCost` by `nnls` over step records (one `Shape` and three timings per step, every pilot pooled).
-    `bandwidth` (bytes/s): the communication priced at it instead of fitted."""
+    `bandwidth` (bytes/s): the communication priced at it instead of fitted; `kv_s_per_byte`: the KV cache term's
+    coefficient as measured by the pilots (`DecodeClock`), taken out of the rollout's time before the fit."""
     xr = np.array([rollout_columns(s) for s in shapes])
     xl = np.array([learn_columns(s) for s in shapes])
     # the generation term the device's balance does not favour goes first, then the fixed parts, then the per-layer terms
-    order_r = [2, 0, 3, 1] if compute_bound else [1, 0, 3, 2]
-    cr, dropped_r = nnls(xr, rollout_s, order_r)
+    if kv_s_per_byte is not None:
+        cr, dropped_r = nnls(xr[:, :4], rollout_s - kv_s_per_byte * xr[:, 4], [2, 0, 3, 1] if compute_bound else [1, 0, 3, 2])
+        cr = np.append(cr, kv_s_per_byte)
+    else:
+        cr, dropped_r = nnls(xr, rollout_s, [4, 2, 0, 3, 1] if compute_bound else [4, 1, 0, 3, 2])
     comm = xl[:, 3] / bandwidth if bandwidth else np.zeros(len(shapes))
     cl, dropped_l = nnls(xl[:, :3] if bandwidth else xl, learn_s - comm, [0, 2, 1] if bandwidth else [3, 0, 2, 1])
     learn = (*cl[:3], 1 / bandwidth) if bandwidth else tuple(cl)
-    names = [TERMS[j] for j in dropped_r] + [TERMS[4 + j] for j in dropped_l]
+    names = [TERMS[j] for j in dropped_r] + [TERMS[5 + j] for j in dropped_l]
     return ShapeCost(tuple(float(c) for c in cr), tuple(float(c) for c in learn), float(np.mean(other_s)),
                      tuple(n for n in names if not (n == "communication" and not np.any(xl[:, 3]))))
 

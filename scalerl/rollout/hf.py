@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from typing import Callable, ContextManager, Mapping, Sequence
 
 import torch
@@ -67,6 +68,32 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, x, right=True).squeeze(-1)
 
 
+class DecodeClock:
+    """How a decode step's time grows with the cached positions, for `scalerl plan` (scalerl/predict/step_cost.py).
+
+    Each decode step's interval between two host syncs (the forward at cache length c, then the next
+    token's sampling) is recorded as (c, τ); `slope` is the least-squares dτ/dc over the recorded
+    steps, in seconds per cached position per step of the whole batch: the part of decoding that
+    reads (and, for a growing cache, copies) the KV cache, which a pilot at short completions cannot
+    otherwise tell from the per-token work. `reset` starts a new record (the worker: once per batch)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.n, self.seconds, self.c, self.cc, self.ct = 0, 0.0, 0.0, 0.0, 0.0
+
+    def add(self, context: int, seconds: float) -> None:
+        self.n += 1
+        self.seconds += seconds
+        self.c, self.cc, self.ct = self.c + context, self.cc + context * context, self.ct + context * seconds
+
+    def slope(self) -> float | None:
+        """dτ/dc (s per position per step), or None with fewer than 3 steps or one cache length only."""
+        var = self.n * self.cc - self.c * self.c
+        return (self.n * self.ct - self.c * self.seconds) / var if self.n >= 3 and var > 0 else None
+
+
 class HFSampler:
     """Samples from a Hugging Face causal LM: the training model itself (weights shared, `sync_weights(None, v)`)
     or a copy that receives state dicts."""
@@ -85,6 +112,7 @@ class HFSampler:
         self.autocast, self.fp32_head = autocast or contextlib.nullcontext, fp32_head
         self.gather = gather or contextlib.nullcontext
         self._version = 0
+        self.decode_clock = DecodeClock()
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -165,6 +193,7 @@ class HFSampler:
         attn = mask
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps = [], []
+        synced = context = None  # the last host sync (decode_clock) and the cache length of the forward since
         for step in range(params.max_new_tokens):
             if step < params.min_new_tokens:
                 logits[:, self.stop_ids] = float("-inf")
@@ -179,9 +208,14 @@ class HFSampler:
             tokens.append(token)
             logps.append(logp.masked_fill(finished, 0.0))
             finished = finished | torch.isin(token, self.stop_ids)
-            if bool(finished.all()) or step == params.max_new_tokens - 1:
+            done = bool(finished.all()) or step == params.max_new_tokens - 1
+            now = time.perf_counter()  # after that sync: the previous forward and this token's sampling are done
+            if synced is not None:
+                self.decode_clock.add(context, now - synced)
+            if done:
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
+            synced, context = now, attn.shape[1]
             past, logits = self._next_logits(token[:, None], attn, next_pos, past, own_head)
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

@@ -86,10 +86,15 @@ class RolloutWorker:
         """Sample, score and filter one step's batch (and, serving the distillation teacher, its log-probs)."""
         tasks = self.stream.next_batch()
         cut_before = self.encode.cut[0] if self.cuts_prompts else 0
+        clock = getattr(self.sampler, "decode_clock", None)  # the HF engine's (rollout/hf.py), for `scalerl plan`
+        if clock is not None:
+            clock.reset()
         rollout, completions = sample_episodes(self.sampler, self.env, tasks, self.tokenizer, self.params, self.seeds(step),
                                                max_turns=self.max_turns, encode=self.encode)
         generated = int(rollout.completion_mask.sum())  # before any filtering
         rewards, task_rewards, metrics = self.rewards(step, tasks, rollout, completions)
+        if clock is not None and clock.slope() is not None:
+            metrics["time/decode_s_per_position"] = clock.slope()  # a decode step's growth per cached position
         if self.cuts_prompts:  # the prompts of this step's batch (all ranks) cut to fit (rollout.truncate_prompts)
             metrics["prompts_truncated"] = float(self.ctx.sum(torch.tensor([float(self.encode.cut[0] - cut_before)])).item())
         metrics.update(self.filter(tasks, rollout, rewards))

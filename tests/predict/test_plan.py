@@ -16,13 +16,15 @@ from scalerl.predict.step_cost import Shape, comm_bytes, fit_shape_cost
 
 # the machine the synthetic pilots ran on: 0.05 s fixed rollout, generation at 20 GFLOP/s (compute-bound: 64 rows per
 # decode step on a CPU), 0.2 ms per layer and decode step, 0.02 s fixed learning, training at 10 GFLOP/s plus 20 ns
-# per position, hidden unit and layer, 0.01 s of logging per step, a collective bandwidth of 1 GB/s
-TRUE = {"a_r": 0.05, "g_c": 1 / 20e9, "g_t": 2e-4, "a_l": 0.02, "f": 1 / 10e9, "e": 2e-8, "other": 0.01, "bw": 1e9}
+# per position, hidden unit and layer, 0.01 s of logging per step, a collective bandwidth of 1 GB/s, 0.1 ns per KV cache
+# byte read while decoding
+TRUE = {"a_r": 0.05, "g_c": 1 / 20e9, "g_t": 2e-4, "a_l": 0.02, "f": 1 / 10e9, "e": 2e-8, "other": 0.01, "bw": 1e9, "g_kv": 1e-10}
 PROMPT, COMPLETIONS = 12, 64
 
 
 def _true_step(shape: Shape) -> tuple[float, float]:
-    rollout = TRUE["a_r"] + TRUE["g_c"] * 2 * shape.params * shape.sampled + TRUE["g_t"] * shape.decode_steps * shape.layers
+    rollout = (TRUE["a_r"] + TRUE["g_c"] * 2 * shape.params * shape.sampled + TRUE["g_t"] * shape.decode_steps * shape.layers
+               + TRUE["g_kv"] * shape.kv_read)
     learn = (TRUE["a_l"] + TRUE["f"] * 6 * shape.params * shape.trained + TRUE["e"] * shape.trained * shape.hidden * shape.layers
              + comm_bytes(shape) / TRUE["bw"])
     return rollout, learn
@@ -37,8 +39,10 @@ def _model(tmp_path, hidden, layers):
     return folder, ModelShape.from_hf_config(cfg)
 
 
-def _pilot(tmp_path, name, hidden=64, layers=2, length=8, world=1, strategy="ddp", steps=12, noise=0.01, seed=0, eval_s=None):
-    """A run folder as `scalerl train` writes it, its phase timings drawn from TRUE with `noise` relative scatter."""
+def _pilot(tmp_path, name, hidden=64, layers=2, length=8, world=1, strategy="ddp", steps=12, noise=0.01, seed=0, eval_s=None,
+           decode_clock=True):
+    """A run folder as `scalerl train` writes it, its phase timings drawn from TRUE with `noise` relative scatter; with
+    `decode_clock` the HF engine's record of a decode step's growth per cached position (rollout/hf.py: DecodeClock)."""
     model, model_shape = _model(tmp_path, hidden, layers)
     run = tmp_path / name
     run.mkdir()
@@ -47,7 +51,8 @@ def _pilot(tmp_path, name, hidden=64, layers=2, length=8, world=1, strategy="ddp
     (run / "resolved.yaml").write_text(f"train:\n  device: cpu\n  world_size: {world}\n")
     rng = np.random.default_rng(seed)
     shape = Shape(params=model_shape.params, weight_bytes=4, grad_bytes=4, completions=COMPLETIONS, decode_steps=length,
-                  trained=COMPLETIONS * (PROMPT + length), world=world, strategy=strategy, hidden=hidden, layers=layers)
+                  trained=COMPLETIONS * (PROMPT + length), world=world, strategy=strategy, hidden=hidden, layers=layers,
+                  kv_bytes=2 * layers * hidden * 4)  # 4 heads of hidden/4, fp32
     rows, elapsed = [], 0.0
     for step in range(1, steps + 1):
         rollout, learn = (t * (1 + noise * rng.standard_normal()) for t in _true_step(shape))
@@ -55,7 +60,8 @@ def _pilot(tmp_path, name, hidden=64, layers=2, length=8, world=1, strategy="ddp
         elapsed += rollout + learn + TRUE["other"] + (ev or 0.0)
         rows.append({"step": step, "step_time_s": rollout + learn, "time/rollout_s": rollout, "time/learn_s": learn,
                      "sampled_positions": COMPLETIONS * length * world, "trained_positions": COMPLETIONS * (PROMPT + length) * world,
-                     "completions": COMPLETIONS * world, "time/elapsed_s": elapsed, **({"eval_time_s": ev} if ev else {})})
+                     "completions": COMPLETIONS * world, "time/elapsed_s": elapsed, **({"eval_time_s": ev} if ev else {}),
+                     **({"time/decode_s_per_position": TRUE["g_kv"] * COMPLETIONS * shape.kv_bytes} if decode_clock else {})})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run, shape
 
@@ -68,14 +74,35 @@ def test_the_fit_recovers_known_coefficients(tmp_path):
     assert len(pilots[0].shapes) == 10 and pilots[0].shapes[0].decode_steps == 8  # 12 steps less the 2 of warm-up
     cost = fit_shape_cost([s for p in pilots for s in p.shapes], np.concatenate([p.rollout_s for p in pilots]),
                           np.concatenate([p.learn_s for p in pilots]), np.concatenate([p.other_s for p in pilots]), compute_bound=True,
-                          bandwidth=1e9)
-    a_r, g_c, g_m, g_t = cost.rollout
+                          bandwidth=1e9, kv_s_per_byte=float(np.mean([k for p in pilots for k in p.kv_s_per_byte])))
+    a_r, g_c, g_m, g_t, g_kv = cost.rollout
     a_l, f, e, per_byte = cost.learn
     assert abs(a_r / 0.05 - 1) < 1e-6 and abs(g_c * 20e9 - 1) < 1e-6 and g_m == 0 and abs(g_t / 2e-4 - 1) < 1e-6
+    assert g_kv == pytest.approx(TRUE["g_kv"], rel=1e-9)
     assert abs(a_l / 0.02 - 1) < 1e-6 and abs(f * 10e9 - 1) < 1e-6 and abs(e / 2e-8 - 1) < 1e-6 and per_byte == 1e-9
     assert abs(cost.other_s - 0.01) < 1e-9
     assert cost.achieved_flops == pytest.approx(10e9)
     assert cost.left_out == ("generation memory (weight bytes × decode steps)",)  # the rows never vary: it cannot be told from compute
+
+
+@pytest.mark.parametrize("clock", [True, False])
+def test_one_pilot_at_8_tokens_prices_64_with_the_kv_cache_it_measured(tmp_path, clock, monkeypatch):
+    """The decode's KV cache reads grow with the square of the length: one pilot at 8 new tokens can price 64 only
+    with the growth the HF engine measured (`time/decode_s_per_position`); without the record the same pilot prices
+    every decoded position alike, and under-predicts. (No fixed parts here: one pilot cannot tell them apart.)"""
+    monkeypatch.setitem(TRUE, "a_r", 0.0)
+    monkeypatch.setitem(TRUE, "a_l", 0.0)
+    monkeypatch.setitem(TRUE, "g_kv", 1e-9)  # 1 GB/s: the KV cache about a third of the step at 64 tokens
+    run, _ = _pilot(tmp_path, "short", length=8, noise=0.0, decode_clock=clock)
+    _, model = _model(tmp_path, 64, 2)
+    out = plan_from_pilots([run], model=model, model_name="same", gpus=1, steps=10, completion_length=64)
+    truth = sum(_true_step(Shape(params=model.params, weight_bytes=4, grad_bytes=4, completions=COMPLETIONS, decode_steps=64,
+                                 trained=COMPLETIONS * (PROMPT + 64), hidden=64, layers=2, kv_bytes=2 * 2 * 64 * 4))) + TRUE["other"]
+    if clock:
+        assert out["step_s"] == pytest.approx(truth, rel=1e-6)
+        assert out["parts"]["generation KV cache (bytes read)"] > 0
+    else:
+        assert out["step_s"] < 0.93 * truth and out["parts"]["generation KV cache (bytes read)"] == 0
 
 
 def test_a_single_pilot_prices_its_work_proportionally_as_the_time_estimate_does(tmp_path):

@@ -86,3 +86,25 @@ def test_min_new_tokens_matches_generate_and_keeps_eos_out_of_the_first_tokens()
     assert (sampled.completion_ids[:, :4] != eos).all() and (sampled.completion_mask.sum(1) >= 4).all()
     free = sampler.sample(ids * 8, SamplingParams(max_new_tokens=6, temperature=1.0), list(range(32)))
     assert (free.completion_mask.sum(1) < 4).any()  # without it some do
+
+
+def test_the_decode_clock_records_each_decode_step_against_its_cache_length():
+    """`scalerl plan` prices long completions from a short pilot with the decode's growth per cached position
+    (rollout/hf.py: DecodeClock): the least-squares slope of a step's seconds on its cache length, and one record per
+    decode step after the first token (min_new_tokens keeps every row going)."""
+    from scalerl.rollout.hf import DecodeClock
+
+    clock = DecodeClock()
+    for c in (10, 11, 12, 13):
+        clock.add(c, 0.002 + 3e-5 * c)
+    assert clock.slope() == pytest.approx(3e-5, rel=1e-9) and clock.seconds == pytest.approx(0.008 + 3e-5 * 46)
+    clock.reset()
+    clock.add(10, 0.1)
+    clock.add(10, 0.2)
+    clock.add(10, 0.3)
+    assert clock.slope() is None  # one cache length: no growth to measure
+    _, _, sampler, ids = _setup()
+    sampler.sample(ids, SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0), seeds=[1, 2, 3, 4])
+    width = max(map(len, ids))
+    assert sampler.decode_clock.n == 5 and sampler.decode_clock.c == sum(width + k for k in range(1, 6))
+    assert sampler.decode_clock.slope() is not None

@@ -38,6 +38,8 @@ def test_scalerl_train_raises_reward_and_pass_rate(runs):
         assert r["completions"] == 8 * 8 and r["time/rollout_s"] + r["time/learn_s"] == pytest.approx(r["step_time_s"])
         width, rem = divmod(r["sampled_positions"], r["completions"])  # completions x the longest one
         assert rem == 0 and r["tokens"] / r["completions"] <= width <= 8 and r["trained_positions"] > r["sampled_positions"]
+        # the HF engine's decode growth per cached position (`scalerl plan`), wherever 3+ decode steps followed the first
+        assert ("time/decode_s_per_position" in r) == (width >= 4), r
     assert all(a["time/elapsed_s"] < b["time/elapsed_s"] for a, b in zip(rows, rows[1:]))
     first, last = (sum(r["reward_mean"] for r in part) / len(part) for part in (rows[:20], rows[-20:]))
     assert last > first + 0.05, (first, last)  # measured here: 0.176 -> 0.257
