@@ -116,12 +116,24 @@ def precision_override(precision: str) -> str:
     return f"precision.mode={LEGACY_NAMES.get(precision, precision)}"
 
 
+def micro_batch_rows(cfg, prompt_tokens: int) -> int:
+    """Rows of the largest forward/backward: train.micro_batch_size, or under train.micro_batch_tokens the rows of
+    full length (prompt + max_new_tokens) its budget holds (scalerl/learner/micro_batches.py), at least one unit (a
+    row; with loss_agg=prompt a whole group, which is never split) and at most the mini-batch."""
+    plan = cfg.plan
+    if plan.micro_batch_tokens is None:
+        return plan.micro_batch_size
+    unit = plan.group_size if cfg.algorithm.loss_agg == "prompt" else 1
+    fit = plan.micro_batch_tokens // max(prompt_tokens + cfg.rollout.max_new_tokens, 1) // unit * unit
+    return min(max(fit, unit), plan.mini_batch_size)
+
+
 def component_memory(cfg, shape, mode: str, optim_8bit: bool, prompt_tokens: int) -> dict[str, float]:
     """`estimate_memory` of the shape under the config's batch, algorithm, LoRA, precision and optimizer."""
     from scalerl.predict.memory import estimate_memory
 
     algo = cfg.algorithm
-    return estimate_memory(shape, precision=mode, optim_8bit=optim_8bit, micro_batch=cfg.plan.micro_batch_size,
+    return estimate_memory(shape, precision=mode, optim_8bit=optim_8bit, micro_batch=micro_batch_rows(cfg, prompt_tokens),
                            prompt_len=prompt_tokens, reference_8bit=cfg.precision.reference_8bit,
                            completion_len=cfg.rollout.max_new_tokens, rollout_sequences=cfg.batch_size,
                            reference=algo.kl.needs_reference, critic=algo.critic if algo.name == "ppo" else None,

@@ -51,3 +51,23 @@ def test_gpus_flag_answers_for_n_gpus():
     peak = _components(ddp.stdout)["peak"]
     assert per_gpu["ddp"] == pytest.approx(peak, abs=2e-3)
     assert per_gpu["fsdp2"] < per_gpu["ddp"] / 2
+
+
+def test_a_token_budget_prices_the_micro_batch_it_holds():
+    """train.micro_batch_tokens: the estimate's micro-batch is the rows of full length the budget holds (at least one
+    unit; a whole group under loss_agg=prompt; at most the mini-batch), not the whole mini-batch."""
+    from scalerl.config import load_config
+    from scalerl.jobs.estimate import component_memory, micro_batch_rows
+
+    def cfg(**sets):
+        return load_config(overrides={"rollout.prompts_per_step": 4, "rollout.group_size": 4, "rollout.max_new_tokens": 64, **sets})
+
+    assert micro_batch_rows(cfg(), 64) == 16  # rows: the whole mini-batch by default
+    assert micro_batch_rows(cfg(**{"train.micro_batch_tokens": 3 * 128 + 5}), 64) == 3
+    assert micro_batch_rows(cfg(**{"train.micro_batch_tokens": 10}), 64) == 1  # a row alone over the budget
+    assert micro_batch_rows(cfg(**{"train.micro_batch_tokens": 10**6}), 64) == 16
+    assert micro_batch_rows(cfg(**{"train.micro_batch_tokens": 6 * 128, "algorithm.loss_agg": "prompt"}), 64) == 4
+    by_tokens = component_memory(cfg(**{"train.micro_batch_tokens": 2 * 128}), MODEL_PRESETS["7b"], "standard", False, 64)
+    by_rows = component_memory(cfg(**{"train.micro_batch_size": 2}), MODEL_PRESETS["7b"], "standard", False, 64)
+    whole = component_memory(cfg(), MODEL_PRESETS["7b"], "standard", False, 64)
+    assert by_tokens["activations"] == by_rows["activations"] < whole["activations"] / 4
