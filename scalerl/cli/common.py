@@ -105,17 +105,17 @@ def checked_config(config_path: Path | None, overrides: list[str], resume: bool,
 
 
 def launch_ranks(nproc: int, max_restarts: int, argv: list[str], config_path: Path | None, overrides: list[str],
-                 resume: bool, overwrite: bool = False) -> None:
-    """`scalerl train --nproc N`: check the config here (a bad key is one line, exit 2, before any process
-    starts), then run `torchrun --standalone --nproc_per_node N --max-restarts K -m scalerl.cli.main train ...`
-    and exit with its code. A restart resumes (see `launch`), so it needs the run's --name."""
+                 resume: bool, overwrite: bool = False, command: str = "train") -> None:
+    """`scalerl train --nproc N` (or `sft`, `command`): check the config here (a bad key is one line, exit 2, before
+    any process starts), then run `torchrun --standalone --nproc_per_node N --max-restarts K -m scalerl.cli.main
+    COMMAND ...` and exit with its code. A restart resumes (see `launch`), so it needs the run's --name."""
     import subprocess
 
     config = checked_config(config_path, overrides, resume, overwrite)
     if max_restarts and config.log.name is None:
         raise ScaleRLError("--max-restarts needs --name: a restarted run resumes the run of that name")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               "--max-restarts", str(max_restarts), "-m", "scalerl.cli.main", "train", *argv]
+               "--max-restarts", str(max_restarts), "-m", "scalerl.cli.main", command, *argv]
     code = subprocess.run(command).returncode
     if code not in (0, 2):  # 2: a rank already printed its one-line error
         from scalerl.trainer.checkpoint import latest_checkpoint

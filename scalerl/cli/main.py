@@ -73,9 +73,19 @@ def sft(
     resume: bool = typer.Option(False, "--resume", help="Continue the run named by --name from its newest intact checkpoint, with its saved config."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Delete what the run folder of --name holds and start afresh."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks of errors."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Processes on this machine: runs `torchrun --standalone --nproc_per_node N` "
+                                                       "over this command (parallel.strategy: ddp or fsdp2); each update's rows are split between them."),
+    max_restarts: int = typer.Option(0, "--max-restarts", min=0, help="With --nproc: torchrun restarts all processes this many times "
+                                                                      "after one fails; each restart resumes the run of --name."),
 ) -> None:
     """Supervised fine-tuning on prompt/response data (loss on the response only); writes a model folder for scalerl train."""
     overrides = [*set_, *([f"log.name={name}"] if name is not None else []), *([f"sft.steps={steps}"] if steps is not None else [])]
+    if nproc > 1:
+        argv = [*(["--config", str(config)] if config else []), *(a for v in overrides for a in ("--set", v)),
+                *(["--resume"] if resume else []), *(["--overwrite"] if overwrite else []), *(["--debug"] if debug else [])]
+        run_guarded(lambda: launch_ranks(nproc, max_restarts, argv, config, overrides, resume, overwrite, command="sft"), debug)
+        return
+    resume, overwrite = restarted(resume, overwrite)
     setup_logging()
     with guarded(debug):
         from scalerl.cli.common import checked_config

@@ -73,6 +73,22 @@ def test_its_output_trains_with_scalerl_train(finished, tmp_path):
     assert result["steps"] == 2 and (tmp_path / "runs" / "rl" / "checkpoints" / "step_0000002").is_dir()
 
 
+def test_two_processes_give_the_one_process_weights(finished, tmp_path):
+    """`scalerl sft --nproc 2` (torchrun, gloo, DDP): each update's 8 rows split 4 and 4, gradients averaged; every row
+    has as many response tokens, so the update is the one-process run's (which accumulates two micro-batches of 4)."""
+    from tests.conftest import run_cli
+
+    runs, _ = finished
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    sets = {**settings(tmp_path / "runs", "two", **{"sft.data": str(data), "parallel.strategy": "ddp"}), "sft.micro_batch_size": None}
+    proc = run_cli("-m", "scalerl.cli.main", "sft", "--nproc", "2", *(a for k, v in sets.items() if v is not None for a in ("--set", f"{k}={v}")))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "world_size: 2" in (tmp_path / "runs" / "two" / "resolved.yaml").read_text()
+    one, two = weights(runs / "whole" / "model"), weights(tmp_path / "runs" / "two" / "model")
+    assert one.keys() == two.keys() and max((one[k] - two[k]).abs().max().item() for k in one) < 1e-5
+
+
 def test_chat_rows_and_bad_input(tmp_path):
     from scalerl.jobs.sft import load_examples
     from scalerl.models.loading import load_tokenizer
