@@ -9,6 +9,7 @@ bench/results/algorithms_<date>.json, a Markdown table and a PNG of the mean cur
     pip install -e '.[bench]'
     python bench/algorithms.py --seeds 0 1 2 --steps 150 --save
     python bench/algorithms.py --policy-losses --seeds 0 1 2 --steps 300 --save    # grpo vs each policy loss (issue 37)
+    python bench/algorithms.py --policy-losses --set train.mini_batch_size=32 --tag _2updates --save   # 2 updates a step: off-policy
 
 `--policy-losses` runs GRPO and each policy loss added in scalerl/algorithms/policy_losses.py
 (sapo, vespo, luspo, gmpo, clip_cov, kl_cov, top-entropy) on the default job, and the table adds
@@ -46,11 +47,12 @@ POLICY_LOSSES = {
     "clip_cov": {"algorithm.policy_loss": "clip_cov", "algorithm.cov_ratio": 2e-4},
     "kl_cov": {"algorithm.policy_loss": "kl_cov", "algorithm.cov_ratio": 2e-3},
     "top_entropy_0.2": {"algorithm.top_entropy_quantile": 0.2},
+    "top_entropy_0.5": {"algorithm.top_entropy_quantile": 0.5},
     "cispo_sequence": {"algorithm.name": "cispo", "algorithm.importance_level": "sequence"},
 }
 
 
-def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, threads: int, tmp: Path) -> dict:
+def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, threads: int, tmp: Path, extra: dict | None = None) -> dict:
     from scalerl.config import load_config
     from scalerl.jsonl import read_metrics
     from scalerl.trainer.loop import train
@@ -59,7 +61,7 @@ def run(name: str, overrides: dict, seed: int, steps: int, eval_every: int, thre
     config = load_config(overrides={
         **overrides, "train.seed": seed, "train.steps": steps, "train.threads": threads, "rollout.prompts_per_step": 8,
         "eval.every": eval_every, "log.run_dir": str(tmp), "log.name": run_name, "log.console": "none",
-        "checkpoint.save_final": False,
+        "checkpoint.save_final": False, **(extra or {}),
     })
     summary = train(config)
     rows = read_metrics(Path(summary["run_dir"]))
@@ -115,8 +117,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", nargs="*", default=None, help="a subset of: " + ", ".join({**CONFIGS, **POLICY_LOSSES}))
     ap.add_argument("--policy-losses", action="store_true", help="GRPO and each newer policy loss instead of the algorithms")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an override for every run, e.g. train.mini_batch_size=32")
+    ap.add_argument("--tag", default="", help="suffix of the saved files' names, e.g. _2updates")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
+    import yaml
+
+    extra = {k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in args.set)}
     configs = POLICY_LOSSES if args.policy_losses else CONFIGS
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,14 +131,16 @@ def main() -> None:
             for name, overrides in configs.items():
                 if args.only and name not in args.only:
                     continue
-                result = run(name, overrides, seed, args.steps, args.eval_every, args.threads, Path(tmp))
+                result = run(name, overrides, seed, args.steps, args.eval_every, args.threads, Path(tmp), extra)
                 results.append(result)
                 print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
     print(table(results, configs))
     if args.save:
         date = datetime.date.today().isoformat()
-        out, stem = ROOT / "bench" / "results", ("policy_losses" if args.policy_losses else "algorithms") + f"_{date}"
-        flag = " --policy-losses" if args.policy_losses else ""
+        out, stem = ROOT / "bench" / "results", ("policy_losses" if args.policy_losses else "algorithms") + f"_{date}{args.tag}"
+        flag = (" --policy-losses" if args.policy_losses else "") + "".join(f" --set {item}" for item in args.set)
+        flag += f" --only {' '.join(args.only)}" if args.only else ""
+        flag += f" --tag {args.tag}" if args.tag else ""
         (out / f"{stem}.json").write_text(json.dumps({"date": date, "args": vars(args), "runs": results}, indent=1) + "\n")
         (out / f"{stem}.md").write_text(f"# Objectives at equal rollout budget ({date})\n\n"
                                         f"`python bench/algorithms.py{flag} --seeds {' '.join(map(str, args.seeds))} "
