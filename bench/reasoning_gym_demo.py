@@ -11,7 +11,7 @@ the training pool lacks, each judged by reasoning-gym's own score_answer) of the
 step-0 evaluation) and after RL, the gain in points, the SFT updates taken (sft.stop_at_loss may end it early), and each phase's wall time. `--save` writes
 bench/results/reasoning_gym_demo_<date>.json and .md.
 
-    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --jobs 3 --save
+    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --jobs 2 --save
 """
 
 from __future__ import annotations
