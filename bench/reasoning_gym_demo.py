@@ -8,10 +8,10 @@ For each seed S it runs the tutorial's commands (docs/tutorials/reasoning-gym.md
 
 and reports the held-out greedy pass rate (the environment's held-out tasks: seeds never trained on, questions
 the training pool lacks, each judged by reasoning-gym's own score_answer) of the SFT model (the RL run's
-step-0 evaluation) and after RL, the gain in points, and each phase's wall time. `--save` writes
+step-0 evaluation) and after RL, the gain in points, the SFT updates taken (sft.stop_at_loss may end it early), and each phase's wall time. `--save` writes
 bench/results/reasoning_gym_demo_<date>.json and .md.
 
-    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --jobs 3 --save
+    python bench/reasoning_gym_demo.py --seeds 0 1 2 --threads 1 --jobs 2 --save
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ def one_seed(seed: int, config: Path, tmp: Path, threads: int, extra: list[str])
     rl_s = run(["-m", "scalerl.cli.main", "train", *common, "--set", f"model.path={sft['model']}", "--name", f"rl{seed}"], threads)
     rl = json.loads((tmp / f"rl{seed}" / "summary.json").read_text())
     before, after = rl["pass_rate_before"], rl["pass_rate_after"]
-    return {"seed": seed, "sft_final_loss": round(sft["final_loss"], 4), "pass_rate_after_sft": before, "pass_rate_after_rl": after,
+    return {"seed": seed, "sft_updates": sft["steps"], "sft_final_loss": round(sft["final_loss"], 4), "pass_rate_after_sft": before, "pass_rate_after_rl": after,
             "gain_points": round(100 * (after - before), 1), "sft_seconds": round(sft_s, 1), "rl_seconds": round(rl_s, 1)}
 
 
 def markdown(report: dict) -> str:
     lines = [f"# reasoning-gym demonstration ({report['date']})", "", report["note"], "",
              f"Command: `{report['command']}`", "", f"Task: {report['task']}", "",
-             "| seed | SFT final loss | pass rate after SFT | after RL | gain (points) | SFT s | RL s |",
-             "|---|---|---|---|---|---|---|"]
+             "| seed | SFT updates | SFT final loss | pass rate after SFT | after RL | gain (points) | SFT s | RL s |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['seed']} | {r['sft_final_loss']} | {r['pass_rate_after_sft']:.3f} | {r['pass_rate_after_rl']:.3f} | "
+        lines.append(f"| {r['seed']} | {r['sft_updates']} | {r['sft_final_loss']} | {r['pass_rate_after_sft']:.3f} | {r['pass_rate_after_rl']:.3f} | "
                      f"{r['gain_points']:+.1f} | {r['sft_seconds']} | {r['rl_seconds']} |")
     lines += ["", f"Median gain {report['median_gain_points']:+.1f} points, smallest {report['min_gain_points']:+.1f} "
               f"(target: >= 20 points on each of 3 seeds).", ""]

@@ -15,6 +15,11 @@ class SFTConfig(_Section):
                                                 "or of {messages} whose last message is the assistant's reply, or a `datasets` save_to_disk folder of those columns.")
     epochs: int = Field(1, ge=1, description="Passes over the data (when sft.steps is unset).")
     steps: int | None = Field(None, ge=1, description="Optimizer updates; default: sft.epochs passes over the data (the last update of a pass may be smaller).")
+    stop_at_loss: float | None = Field(None, gt=0, description="Early stop: end the fine-tuning at the first update after which the mean training loss of "
+                                                               "the last sft.stop_window updates is <= this value (sft.steps stays the most updates and the lr "
+                                                               "schedule's length); summary.json records the update it stopped at and why. Default: no early stop.")
+    stop_window: int = Field(20, ge=1, description="Updates whose mean loss sft.stop_at_loss compares (a single update's loss is one batch's; "
+                                                    "no stop before this many updates).")
     batch_size: int = Field(32, ge=1, description="Examples (or packed rows) per optimizer update, over all processes.")
     micro_batch_size: int | None = Field(None, ge=1, description="Examples (or packed rows) per forward/backward on a process (gradient accumulation); default: the process's whole share.")
     max_length: int = Field(1024, ge=2, description="Longest prompt + response in tokens; longer examples lose the end of their response (one with no response token left is dropped).")

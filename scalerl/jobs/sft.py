@@ -4,6 +4,8 @@
                `scalerl train` renders them), responses + the stop token (EOS, or the template's end of turn)
     each update: sft.batch_size examples (or packed rows) in the order of the pass (`update_rows`)
                → SFTLearner.update (scalerl/learner/sft.py): masked cross-entropy on response tokens only
+    sft.stop_at_loss: the run ends early once the mean loss of the last sft.stop_window updates is <= it
+               (`stop_reason`); the window's losses ride in each checkpoint, so a resumed run stops where the whole one would
     checkpoint.every / the end: a checkpoint of `scalerl train`'s format (weights and AdamW moments through
                DCP, the policy as a Hugging Face folder, manifest); --resume continues from the newest intact one
     the end: the model written to sft.out (default <run folder>/model), a Hugging Face folder that
@@ -44,6 +46,15 @@ def update_rows(n_rows: int, update: int, batch_size: int, seed: int, shuffle: b
     if shuffle:
         random.Random(f"{seed}:{epoch}").shuffle(order)
     return order[k * batch_size: (k + 1) * batch_size]
+
+
+def stop_reason(losses: list[float], stop_at_loss: float | None, window: int) -> str | None:
+    """Why the fine-tuning stops early after these update losses (oldest first), or None to go on:
+    mean(losses[-window:]) <= stop_at_loss, once there are `window` of them; never without a stop_at_loss."""
+    if stop_at_loss is None or len(losses) < window:
+        return None
+    mean = sum(losses[-window:]) / window
+    return f"sft.stop_at_loss: mean loss of the last {window} updates {mean:.4f} <= {stop_at_loss}" if mean <= stop_at_loss else None
 
 
 def load_examples(config: Config, tokenizer: Any) -> list[Any]:
@@ -133,7 +144,7 @@ def _fine_tune(config: Config, ctx: Any, resume: bool, overwrite: bool, lock: An
     tokenizer, learner, rows = _build(config, ctx, run_dir, resume)
     root, sft, total = run_dir / "checkpoints", config.sft, learner.total_updates
     parts = {"model": learner.policy, "optimizer": learner.optimizer}
-    start = 0
+    start, losses = 0, []  # losses: the last sft.stop_window updates' (what stop_reason reads)
     if resume:
         if ctx.is_main:
             ckpt.remove_partial(root)
@@ -142,29 +153,37 @@ def _fine_tune(config: Config, ctx: Any, resume: bool, overwrite: bool, lock: An
         if loaded is not None:
             state, rng = loaded
             learner.load_state_dict(state["sft"])
-            start = state["step"]
+            start, losses = state["step"], list(state.get("losses", []))
             if rng is not None:
                 torch.set_rng_state(rng["torch"])
     metrics_file = run_dir / "metrics.jsonl"
-    began, last = time.perf_counter(), {}
-    for step in range(start + 1, total + 1):
+    began, last, step = time.perf_counter(), {}, start
+    stopped = stop_reason(losses, sft.stop_at_loss, sft.stop_window)  # a resumed run that had already stopped takes no update
+    while stopped is None and step < total:
+        step += 1
         chosen = update_rows(len(rows), step - 1, sft.batch_size, config.train.seed, sft.shuffle)
         last = {"step": step, **learner.update([rows[i] for i in chosen[ctx.rank::ctx.world_size]])}
+        losses = (losses + [last["loss"]])[-sft.stop_window:]
+        stopped = stop_reason(losses, sft.stop_at_loss, sft.stop_window)
+        done = stopped is not None or step == total
         if ctx.is_main:
             with metrics_file.open("a") as f:
                 f.write(json.dumps(last) + "\n")
-            if step == total or step % max(1, total // 10) == 0:
+            if done or step % max(1, total // 10) == 0:
                 print(f"sft step {step}/{total}  loss {last['loss']:.4f}  lr {last['lr']:.2e}  grad_norm {last['grad_norm']:.3f}", flush=True)
-        if (config.checkpoint.every and step % config.checkpoint.every == 0) or (step == total and config.checkpoint.save_final):
+        if (config.checkpoint.every and step % config.checkpoint.every == 0) or (done and config.checkpoint.save_final):
             ckpt.save_checkpoint(root, step, ctx=ctx, tokenizer=tokenizer, rng={"torch": torch.get_rng_state()},
-                                 trainer_state={"step": step, "sft": learner.state_dict()},
+                                 trainer_state={"step": step, "sft": learner.state_dict(), "losses": losses},
                                  keep_last=config.checkpoint.keep_last, **parts)
+    stopped = stopped or f"sft.steps ({total}) reached"
+    if ctx.is_main:
+        print(f"sft: stopped at update {step}: {stopped}", flush=True)
     learner.parallel.close()
     out = sft.out or run_dir / "model"
     if ctx.is_main:
         write_model(run_dir, out, learner.policy)
     ctx.barrier()
-    summary = {"steps": total, "examples": sum(len(r) for r in rows), "rows": len(rows), "final_loss": last.get("loss"),
+    summary = {"steps": step, "max_steps": total, "stopped": stopped, "examples": sum(len(r) for r in rows), "rows": len(rows), "final_loss": last.get("loss"),
                "model": str(out), "seconds": round(time.perf_counter() - began, 2)}
     if ctx.is_main:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

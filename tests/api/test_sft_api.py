@@ -56,6 +56,38 @@ def test_resume_is_bitwise(finished):
     assert whole.keys() == again.keys() and all(torch.equal(whole[k], again[k]) for k in whole)
 
 
+def test_stop_reason_is_the_window_mean():
+    from scalerl.jobs.sft import stop_reason
+
+    assert stop_reason([0.9, 0.5, 0.3], None, 2) is None  # no stop_at_loss: never
+    assert stop_reason([0.3], 0.4, 2) is None  # fewer losses than the window
+    assert stop_reason([0.9, 0.5, 0.35], 0.4, 2) is None  # (0.5 + 0.35) / 2 = 0.425 > 0.4
+    assert stop_reason([0.9, 0.5, 0.3], 0.4, 2) == "sft.stop_at_loss: mean loss of the last 2 updates 0.4000 <= 0.4"  # (0.5 + 0.3) / 2
+
+
+def test_stop_at_loss_ends_early_and_resumes_to_the_same_update(finished):
+    """The whole run's losses l1..l4 (1.05, 1.82, 1.75, ...: lr 1e-3 on 8 rows jumps about). stop_at_loss = (l1 + l2) / 2
+    over a window of 2 stops after update 2 with update 2's weights (the runs are bitwise alike), not after update 1
+    (l1 alone is below it: the window counts); cut after the step-1 checkpoint, a resumed run stops after update 2 too
+    (it needs l1 from the checkpoint)."""
+    runs, _ = finished
+    l1, l2, l3, _l4 = [json.loads(line)["loss"] for line in (runs / "whole" / "metrics.jsonl").read_text().splitlines()]
+    target = (l1 + l2) / 2
+    assert l1 <= target < (l2 + l3) / 2  # a window of 1 would stop after update 1; one resumed without l1, never at 2
+    extra = {"sft.stop_at_loss": target, "sft.stop_window": 2, "checkpoint.every": 1}
+    early = scalerl.sft(model="builtin", train_dataset=ROWS, config=settings(runs, "early", **extra))
+    assert early["steps"] == 2 and early["max_steps"] == 4 and early["stopped"].startswith("sft.stop_at_loss: mean loss of the last 2")
+    assert len((runs / "early" / "metrics.jsonl").read_text().splitlines()) == 2
+    cut = runs / "early_cut"
+    shutil.copytree(runs / "early", cut, ignore=shutil.ignore_patterns("step_0000002", "model", "summary.json"))
+    tree = yaml_tree(cut)
+    resumed = scalerl.sft(config=scalerl.Config.model_validate({**tree, "log": {**tree["log"], "name": "early_cut"}}), resume=True)
+    assert resumed["steps"] == 2 and resumed["stopped"] == early["stopped"]
+    final, again = weights(runs / "early" / "model"), weights(cut / "model")
+    assert all(torch.equal(final[k], again[k]) for k in final)
+    assert not all(torch.equal(final[k], v) for k, v in weights(runs / "whole" / "model").items())  # not the 4-update model
+
+
 def yaml_tree(run: Path) -> dict:
     import yaml
 
