@@ -116,11 +116,11 @@ def case_size(args, runs, models, seed):
     def pilots(tag):
         return [train(args, runs, f"size_pilot_{n}_{tag}_s{seed}", models[n][0], args.pilot_steps, args.length, seed) for n in ("0.44M", "1.44M")]
 
-    before = pilots("before")
+    before = [run for k in range(args.pilot_repeats) for run in pilots(f"before{k}")]  # each size N times, alternated, pooled
     targets = {name: train(args, runs, f"size_target_{models[name][1]}_s{seed}", models[name][0], args.target_steps, args.length, seed)
                for name in ("6.7M (4.6x)", "27.3M (19x, W2)")}
     after = pilots("after")
-    drift = measured_step(after[1]) / measured_step(before[1]) - 1
+    drift = measured_step(after[1]) / measured_step(before[-1]) - 1
     out = []
     for name, target in targets.items():
         plan = plan_from_pilots(before + after if args.bracket else before, model=shape_of_model_path(str(models[name][0])),
@@ -194,6 +194,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--length", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pilot-repeats", type=int, default=1, help="size: run the two pilots this many times (alternated, before the "
+                                                                   "targets) and plan from all of them")
     ap.add_argument("--bracket", action="store_true", help="size, length: fit on the pilots run before and after the targets "
                                                           "(a shared machine's drift averaged; the plan is then not made before the runs)")
     ap.add_argument("--conditions", default="alone on the machine", help="How the machine was loaded (written beside the figures).")
