@@ -96,10 +96,18 @@ def _override(key: str) -> st.SearchStrategy[tuple[str, str]]:
 overrides = st.lists(st.sampled_from(KEYS).flatmap(_override), min_size=1, max_size=4)
 
 
+# env.args' older spellings (scalerl/envs/base.py: renamed_args): the key is moved to its one name before validation,
+# with a warning naming the new key, so an error about its value names the new one
+OLDER_ENV_ARGS = {"train_file": "data_file", "data_path": "data_file", "file": "data_file", "num_eval": "eval_size"}
+
+
 def _named(message: str, keys: list[str]) -> bool:
-    """The message names one of the keys set, or the section of one (a cross-field check of a
-    section, e.g. reward.cap: warmup_steps ... window)."""
-    return any(key in message or key.rpartition(".")[0] + ":" in message for key in keys)
+    """The message names one of the keys set (an older env.args spelling: its one name), or the section of one
+    (a cross-field check of a section, e.g. reward.cap: warmup_steps ... window)."""
+    def spelled(key: str) -> str:
+        section, _, name = key.rpartition(".")
+        return f"{section}.{OLDER_ENV_ARGS[name]}" if section == "env.args" and name in OLDER_ENV_ARGS else key
+    return any(k in message or k.rpartition(".")[0] + ":" in message for key in keys for k in {key, spelled(key)})
 
 
 def outcome_of(items: list[tuple[str, str]]) -> tuple[str, str]:
