@@ -24,7 +24,7 @@ def defer_sklearn() -> None:
     utils.is_sklearn_available = lambda: False
     try:
         module = importlib.import_module(name)
-    except Exception:  # another transformers layout: leave it to transformers' own import
+    except ImportError:  # another transformers layout: leave it to transformers' own import
         return
     finally:
         utils.is_sklearn_available = real
