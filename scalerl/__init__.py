@@ -6,7 +6,11 @@
 
 import importlib
 
+from scalerl.models.hf_import import install as _defer_sklearn
+
 __version__ = "0.1.0"
+
+_defer_sklearn()  # transformers' generation modules without scikit-learn's import (scalerl/models/hf_import.py)
 
 __all__ = ["Config", "Trainer", "sft"]
 

@@ -49,9 +49,6 @@ def load_tokenizer(config: ModelConfig):
 
 
 def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    from scalerl.models.hf_import import defer_sklearn
-
-    defer_sklearn()  # before transformers imports its generation modules (scalerl/models/hf_import.py)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

@@ -1,4 +1,4 @@
-"""Loading a model does not import scikit-learn (1.4 s a process with the embed/test extras), and transformers'
+"""With scalerl imported, loading a model does not import scikit-learn (1.4 s a process with the embed/test extras); transformers'
 assisted-generation threshold still finds it when it is called (scalerl/models/hf_import.py)."""
 
 from __future__ import annotations
