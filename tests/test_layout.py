@@ -81,6 +81,8 @@ def _folder(module: str) -> str:
     if module == CONFIG_CHECKS:
         return module
     parts = module.split(".")
+    if len(parts) == 1:  # the package itself (scalerl/__init__.py)
+        return module
     if len(parts) > 2 or (PACKAGE / parts[1]).is_dir():
         return parts[1]
     return module
