@@ -344,19 +344,13 @@ def build_app(endpoint: OpenAIEndpoint):
             return JSONResponse({"error": {"message": message, "type": "server_error", "param": None, "code": None}}, status_code=500)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        return await respond(endpoint.chat, None, request)
-
     @app.post("/episodes/{eid}/v1/chat/completions")
-    async def episode_chat(eid: str, request: Request):
+    async def chat(request: Request, eid: str | None = None):
         return await respond(endpoint.chat, eid, request)
 
     @app.post("/v1/completions")
-    async def complete(request: Request):
-        return await respond(endpoint.complete, None, request)
-
     @app.post("/episodes/{eid}/v1/completions")
-    async def episode_complete(eid: str, request: Request):
+    async def complete(request: Request, eid: str | None = None):
         return await respond(endpoint.complete, eid, request)
 
     @app.get("/v1/models")
