@@ -40,6 +40,19 @@ def chat_llama(tok, seed: int = 0):
     return LlamaForCausalLM(config)
 
 
+def steer_head(model, tok, favour: dict[int, float], never: list[int]):
+    """`model` with an LM head bias: + the given logit on the `favour` tokens, −1e4 on the `never` ones (a random
+    chat Llama that ends its turns soon and never writes what a test rules out)."""
+    bias = torch.zeros(len(tok))
+    for token, logit in favour.items():
+        bias[token] = logit
+    bias[never] = -1e4
+    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)
+    head.weight.data, head.bias.data = model.lm_head.weight.data.clone(), bias
+    model.lm_head = head
+    return model
+
+
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """A folder with `chat_tokenizer()` and a `chat_llama` of its vocabulary."""

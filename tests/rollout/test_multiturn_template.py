@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_chat_template import TEMPLATE, chat_llama, chat_tokenizer
+from test_chat_template import TEMPLATE, chat_llama, chat_tokenizer, steer_head
 from test_multiturn import TASKS, LengthEcho, _setup
 
 from scalerl.envs.scoring import completions_of
@@ -30,12 +30,8 @@ def policy():
     tok = chat_tokenizer()
     model = chat_llama(tok).eval()
     fmt = prompt_format("auto", "be brief", tok)
-    bias = torch.zeros(len(tok))
-    bias[fmt.end_of_turn_id()], bias[tok.eos_token_id] = 3.0, 1.5
-    bias[[tok.convert_tokens_to_ids("<|im_start|>"), tok.bos_token_id, tok.unk_token_id, tok.pad_token_id]] = -1e4
-    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)
-    head.weight.data, head.bias.data = model.lm_head.weight.data.clone(), bias
-    model.lm_head = head
+    steer_head(model, tok, {fmt.end_of_turn_id(): 3.0, tok.eos_token_id: 1.5},
+               [tok.convert_tokens_to_ids("<|im_start|>"), tok.bos_token_id, tok.unk_token_id, tok.pad_token_id])
     sampler = HFSampler(model, pad_id=tok.pad_token_id, eos_id=fmt.stop_ids(), device=torch.device("cpu"))
     return tok, model, fmt, sampler
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 import torch
 from agent_episodes import TOOLS, TOOLS_TEMPLATE
-from test_chat_template import chat_llama, chat_tokenizer
+from test_chat_template import chat_llama, chat_tokenizer, steer_head
 
 from scalerl.envs.agent import AgentConfig, AgentEnv
 from scalerl.models.logprobs import completion_forward
@@ -34,12 +34,8 @@ def served():
     tok.chat_template = TOOLS_TEMPLATE
     model = chat_llama(tok).eval()
     fmt = prompt_format("auto", None, tok)
-    bias = torch.zeros(len(tok))
-    bias[fmt.end_of_turn_id()], bias[tok.bos_token_id] = 2.5, 1.5
-    bias[[tok.convert_tokens_to_ids("<|im_start|>"), tok.eos_token_id, tok.unk_token_id, tok.pad_token_id]] = -1e4
-    head = torch.nn.Linear(model.config.hidden_size, len(tok), bias=True)
-    head.weight.data, head.bias.data = model.lm_head.weight.data.clone(), bias
-    model.lm_head = head
+    steer_head(model, tok, {fmt.end_of_turn_id(): 2.5, tok.bos_token_id: 1.5},
+               [tok.convert_tokens_to_ids("<|im_start|>"), tok.eos_token_id, tok.unk_token_id, tok.pad_token_id])
     sampler = HFSampler(model, pad_id=tok.pad_token_id, eos_id=fmt.stop_ids(), device=torch.device("cpu"))
     with endpoint_for(sampler, tok, fmt, PARAMS, max_len=128) as endpoint:
         batch, completions = agent_episodes(endpoint, agent_env("tool_episode"), [t for t in agent_env("tool_episode").train_tasks()],
@@ -53,7 +49,7 @@ def rendered(tok, messages) -> list[int]:
 
 def test_a_two_turn_tool_episode_is_the_rendered_conversation_with_the_policys_logprobs(served):
     tok, model, fmt, endpoint, batch, completions = served
-    im_end, bos = fmt.end_of_turn_id(), tok.bos_token_id
+    bos = tok.bos_token_id
     extent = batch.completion_extent().sum(1).tolist()
     plain = 0
     for b, completion in enumerate(completions):
