@@ -15,8 +15,10 @@ In the size, length and total cases the (larger) pilot is run again after the ru
 the change of its mean step time is the machine's drift over the case, printed beside the error.
 Every run: `scalerl train` in a subprocess, random-init Llamas on the built-in character tokenizer,
 GRPO β 0, --prompts × --group completions of exactly N new tokens (min_new_tokens = max_new_tokens),
-fp32, --threads torch threads (OMP_NUM_THREADS the same), evaluation only at the end (8 tasks), no
-checkpoint. Measured step time: the mean logged interval per step after 2 warm-up steps (what the
+precision.mode auto (the machine's choice, in each run's resolved.yaml), --threads torch threads (OMP_NUM_THREADS the
+same), evaluation only at the end (8 tasks), no checkpoint. Each plan is made as `scalerl plan` makes it (the target's
+rollout and update probed on this machine, calibrated by the pilots: scalerl/predict/probe.py) and, for comparison,
+from the terms fitted on the pilots alone (`--no-probe`). Measured step time: the mean logged interval per step after 2 warm-up steps (what the
 plan predicts); error = (predicted − measured) / measured. Seeds: --seeds (pilot and target seeded alike).
 
     python bench/plan_accuracy.py --seeds 3 --save                                  # the full run
@@ -103,11 +105,20 @@ dist.destroy_process_group()
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def row(case: str, seed: int, what: str, plan: dict, actual: float, key: str = "step_s", **extra) -> dict:
-    err = (plan[key] - actual) / actual
-    lo, hi = plan["band"][key]
-    return {"case": case, "seed": seed, "what": what, "predicted": plan[key], "measured": actual, "error": err,
-            "band": [lo, hi], "inside_band": lo <= actual <= hi, "dominant": plan["dominant"], **extra}
+def plan(pilots: list[Path], folder: Path, name: str, **options) -> tuple[dict, dict]:
+    """The plan as `scalerl plan` makes it (the target probed on this machine, calibrated by the pilots), and the plan
+    from the terms fitted on the pilots alone (`--no-probe`), for comparison."""
+    common = {"model": shape_of_model_path(str(folder)), "model_name": name, "model_config": json.loads((folder / "config.json").read_text())}
+    return plan_from_pilots(pilots, **common, **options), plan_from_pilots(pilots, **common, probe=False, **options)
+
+
+def row(case: str, seed: int, what: str, plans: tuple[dict, dict], actual: float, key: str = "step_s", **extra) -> dict:
+    probed, fitted = plans
+    err = (probed[key] - actual) / actual
+    lo, hi = probed["band"][key]
+    return {"case": case, "seed": seed, "what": what, "predicted": probed[key], "measured": actual, "error": err,
+            "band": [lo, hi], "inside_band": lo <= actual <= hi, "dominant": probed["dominant"],
+            "fit_only_predicted": fitted[key], "fit_only_error": (fitted[key] - actual) / actual, **extra}
 
 
 def case_size(args, runs, models, seed):
@@ -123,9 +134,8 @@ def case_size(args, runs, models, seed):
     drift = measured_step(after[1]) / measured_step(before[-1]) - 1
     out = []
     for name, target in targets.items():
-        plan = plan_from_pilots(before + after if args.bracket else before, model=shape_of_model_path(str(models[name][0])),
-                                model_name=name, gpus=1, steps=args.target_steps)
-        out.append(row("size", seed, name, plan, measured_step(target), machine_drift=drift, pilots_pooled="before+after" if args.bracket else "before"))
+        plans = plan(before + after if args.bracket else before, models[name][0], name, gpus=1, steps=args.target_steps)
+        out.append(row("size", seed, name, plans, measured_step(target), machine_drift=drift, pilots_pooled="before+after" if args.bracket else "before"))
     return out
 
 
@@ -135,36 +145,33 @@ def case_world(args, runs, models, seed):
     bw = gloo_bandwidth(params)
     out = []
     for strategy in ("ddp", "fsdp2"):
-        plan = plan_from_pilots([pilot], model=shape_of_model_path(str(folder)), model_name="1.44M", gpus=2, strategy=strategy,
-                                bandwidth_gbs=bw)
+        plans = plan([pilot], folder, "1.44M", gpus=2, strategy=strategy, bandwidth_gbs=bw)
         target = train(args, runs, f"world_{strategy}_s{seed}", folder, args.target_steps, args.length, seed, nproc=2, strategy=strategy)
-        out.append(row("world", seed, f"--nproc 2 {strategy}", plan, measured_step(target), bandwidth_gbs=bw))
+        out.append(row("world", seed, f"--nproc 2 {strategy}", plans, measured_step(target), bandwidth_gbs=bw))
     return out
 
 
 def case_length(args, runs, models, seed):
     folder, params = models["1.44M"]
     pilot = train(args, runs, f"length_pilot_s{seed}", folder, args.pilot_steps, 8, seed)
-    plan = plan_from_pilots([pilot], model=shape_of_model_path(str(folder)), model_name="1.44M", gpus=1, completion_length=64,
-                            steps=args.target_steps)
+    plans = plan([pilot], folder, "1.44M", gpus=1, completion_length=64, steps=args.target_steps)
     target = train(args, runs, f"length_target_s{seed}", folder, args.target_steps, 64, seed)
     again = train(args, runs, f"length_pilot_again_s{seed}", folder, args.pilot_steps, 8, seed)
     if args.bracket:
-        plan = plan_from_pilots([pilot, again], model=shape_of_model_path(str(folder)), model_name="1.44M", gpus=1, completion_length=64,
-                                steps=args.target_steps)
-    return [row("length", seed, "8 -> 64 new tokens", plan, measured_step(target), machine_drift=measured_step(again) / measured_step(pilot) - 1,
+        plans = plan([pilot, again], folder, "1.44M", gpus=1, completion_length=64, steps=args.target_steps)
+    return [row("length", seed, "8 -> 64 new tokens", plans, measured_step(target), machine_drift=measured_step(again) / measured_step(pilot) - 1,
                 pilots_pooled="before+after" if args.bracket else "before")]
 
 
 def case_total(args, runs, models, seed):
     folder, params = models["1.44M"]
     pilot = train(args, runs, f"total_pilot_s{seed}", folder, args.total_pilot_steps, args.length, seed)
-    plan = plan_from_pilots([pilot], model=shape_of_model_path(str(folder)), model_name="1.44M", gpus=1, steps=args.total_steps)
+    plans = plan([pilot], folder, "1.44M", gpus=1, steps=args.total_steps)
     long_run = train(args, runs, f"total_run_s{seed}", folder, args.total_steps, args.length, seed)
     again = train(args, runs, f"total_pilot_again_s{seed}", folder, args.total_pilot_steps, args.length, seed)
     actual = json.loads((long_run / "summary.json").read_text())["wall_time_s"]
     drift = measured_step(again) / measured_step(pilot) - 1
-    return [row("total", seed, f"{args.total_steps}-step total from {args.total_pilot_steps} steps", plan, actual, key="total_s",
+    return [row("total", seed, f"{args.total_steps}-step total from {args.total_pilot_steps} steps", plans, actual, key="total_s",
                 machine_drift=drift)]
 
 
@@ -173,12 +180,13 @@ CASES = {"size": case_size, "world": case_world, "length": case_length, "total":
 
 def markdown(report: dict) -> str:
     lines = [f"# `scalerl plan` accuracy, {report['date']}", "", f"`{report['command']}`", "", report["conditions"], "",
-             "| case | seed | predicted run | predicted | measured | error | band | inside | target | dominant term |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| case | seed | predicted run | predicted | measured | error | band | inside | target | dominant term | fit only (--no-probe) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         extra = f" (machine drift {r['machine_drift']:+.1%})" if "machine_drift" in r else ""
         lines.append(f"| {r['case']} | {r['seed']} | {r['what']} | {r['predicted']:.3f} s | {r['measured']:.3f} s | {r['error']:+.1%}{extra} | "
-                     f"{r['band'][0]:.3f}-{r['band'][1]:.3f} | {'yes' if r['inside_band'] else 'no'} | ±{TARGETS[r['case']][0]:g} % | {r['dominant']} |")
+                     f"{r['band'][0]:.3f}-{r['band'][1]:.3f} | {'yes' if r['inside_band'] else 'no'} | ±{TARGETS[r['case']][0]:g} % | {r['dominant']} | "
+                     f"{r['fit_only_predicted']:.3f} s ({r['fit_only_error']:+.1%}) |")
     return "\n".join(lines) + "\n"
 
 

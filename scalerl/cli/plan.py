@@ -37,7 +37,7 @@ def print_plan(out: dict[str, Any]) -> None:
         shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(out["parts"].items(), key=lambda kv: -kv[1]) if v > 0)
         print(f"dominant term: {out['dominant']}; per step: {shares}")
         if out.get("achieved_tflops"):
-            print(f"achieved training rate in the pilots: {out['achieved_tflops'] * 1e3:.3g} GFLOP/s of 6·P·T "
+            print(f"the target's update as probed: {out['achieved_tflops'] * 1e3:.3g} GFLOP/s of 6·P·T "
                   "(T: trained positions, padding included)")
     for note in out["notes"]:
         print(f"note: {note}")
@@ -57,6 +57,10 @@ def plan(
     strategy: Optional[str] = typer.Option(None, "--strategy", help="none, ddp, fsdp2 or dynamic (default: the pilots' parallel.strategy)."),
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Collective bandwidth per process, GB/s (default: "
                                                                               "measured in pilots of several processes)."),
+    probe: bool = typer.Option(True, "--probe/--no-probe", help="Time the target's rollout and update on this machine (random "
+                               "weights, the pilots' config; --gpus processes where it has the devices) and calibrate with the "
+                               "pilots; --no-probe: price from the terms fitted on the pilots alone."),
+    probe_rounds: int = typer.Option(2, "--probe-rounds", help="Probe rounds (pilots and target in turn, 3 timed iterations each)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="No pilot: the run's YAML (its batch and lengths)."),
     prompt_len: int = typer.Option(128, "--prompt-len", help="No pilot: prompt tokens per completion."),
     peak_tflops: float = typer.Option(989.0, "--peak-tflops", help="No pilot: peak TFLOP/s of one GPU (989: H100 bf16 dense)."),
@@ -69,9 +73,11 @@ def plan(
         from scalerl.jobs import plan as job
 
         shape, name = job.target_shape(model_size, model)
+        model_config = job.read_model_config(model) if model is not None else None
         common = dict(model=shape, model_name=name, gpus=gpus, nodes=nodes, steps=steps, completion_length=completion_length, price=price)
         if pilots:
-            out = job.plan_from_pilots(list(pilots), strategy=strategy, bandwidth_gbs=bandwidth_gbs, **common)
+            out = job.plan_from_pilots(list(pilots), strategy=strategy, bandwidth_gbs=bandwidth_gbs, model_config=model_config,
+                                       probe=probe, probe_rounds=probe_rounds, **common)
         else:
             out = job.plan_without_pilot(prompt_len=prompt_len, peak_tflops=peak_tflops, config=config, **common)
         if as_json:

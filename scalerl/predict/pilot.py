@@ -29,6 +29,7 @@ class Pilot:
     device: str
     model_path: str
     config: object  # the run's Config
+    mode: str = "fp32"  # the precision mode that ran (precision.mode=auto's choice from resolved.yaml)
     shapes: list[Shape] = field(default_factory=list)
     rollout_s: list[float] = field(default_factory=list)
     learn_s: list[float] = field(default_factory=list)
@@ -90,7 +91,7 @@ def read_pilot(run_dir: Path | str) -> Pilot:
     kv_bytes = 2.0 * model.layers * model.kv_heads * model.head_dim * w_bytes
     groups = cfg.parallel.param_groups
     sync = float(np.mean([g.sync_interval for g in groups])) if groups else 1.0
-    pilot = Pilot(run_dir, device, cfg.model.path, cfg)
+    pilot = Pilot(run_dir, device, cfg.model.path, cfg, mode="fp32" if mode == "auto" else mode)
     rows = [r for r in read_metrics(run_dir) if "step_time_s" in r or "time/rollout_s" in r]
     if rows and not all(k in rows[0] for k in PHASE_KEYS):
         missing = ", ".join(k for k in PHASE_KEYS if k not in rows[0])

@@ -95,7 +95,7 @@ def test_one_pilot_at_8_tokens_prices_64_with_the_kv_cache_it_measured(tmp_path,
     monkeypatch.setitem(TRUE, "g_kv", 1e-9)  # 1 GB/s: the KV cache about a third of the step at 64 tokens
     run, _ = _pilot(tmp_path, "short", length=8, noise=0.0, decode_clock=clock)
     _, model = _model(tmp_path, 64, 2)
-    out = plan_from_pilots([run], model=model, model_name="same", gpus=1, steps=10, completion_length=64)
+    out = plan_from_pilots([run], model=model, model_name="same", gpus=1, steps=10, completion_length=64, probe=False)
     truth = sum(_true_step(Shape(params=model.params, weight_bytes=4, grad_bytes=4, completions=COMPLETIONS, decode_steps=64,
                                  trained=COMPLETIONS * (PROMPT + 64), hidden=64, layers=2, kv_bytes=2 * 2 * 64 * 4))) + TRUE["other"]
     if clock:
@@ -120,7 +120,7 @@ def test_extrapolates_to_a_bigger_model_more_processes_and_longer_completions(tm
     long_ = _pilot(tmp_path, "long", hidden=64, layers=2, length=32, noise=0.002, seed=7)[0]
     _, big = _model(tmp_path, 256, 8)  # 16x the parameters of the larger pilot
     assert 15 < big.params / small[1][1].params < 17
-    out = plan_from_pilots([small[0][0], small[1][0], long_], model=big, model_name="big", gpus=1, steps=100, completion_length=64)
+    out = plan_from_pilots([small[0][0], small[1][0], long_], model=big, model_name="big", gpus=1, steps=100, completion_length=64, probe=False)
     truth_shape = Shape(params=big.params, weight_bytes=4, grad_bytes=4, completions=COMPLETIONS, decode_steps=64,
                         trained=COMPLETIONS * (PROMPT + 64), hidden=256, layers=8)
     truth = sum(_true_step(truth_shape)) + TRUE["other"]
@@ -137,19 +137,19 @@ def test_extrapolates_to_a_bigger_model_more_processes_and_longer_completions(tm
     one = _pilot(tmp_path, "w1", hidden=128, noise=0.0)[0]
     two, two_shape = _pilot(tmp_path, "w2", hidden=128, world=2, noise=0.0)
     same = ModelShape.from_hf_config(json.loads((tmp_path / "model_h128_l2" / "config.json").read_text()))
-    four = plan_from_pilots([one, two], model=same, model_name="same", gpus=4, strategy="fsdp2")
+    four = plan_from_pilots([one, two], model=same, model_name="same", gpus=4, strategy="fsdp2", probe=False)
     target = Shape(**{**two_shape.__dict__, "world": 4, "strategy": "fsdp2"})
     assert four["step_s"] == pytest.approx(sum(_true_step(target)) + TRUE["other"], rel=1e-6)
     p = two_shape.params
     assert comm_bytes(two_shape) == pytest.approx(2 * 0.5 * 4 * p) and comm_bytes(target) == pytest.approx(0.75 * (2 * 4 * p + 4 * p))
     assert four["parts"]["communication"] == pytest.approx(0.75 * 12 * p / 1e9, rel=1e-6)
-    given = plan_from_pilots([one], model=same, model_name="same", gpus=2, bandwidth_gbs=1.0)  # one process: bandwidth given
+    given = plan_from_pilots([one], model=same, model_name="same", gpus=2, bandwidth_gbs=1.0, probe=False)  # one process: bandwidth given
     assert given["step_s"] == pytest.approx(sum(_true_step(two_shape)) + TRUE["other"], rel=1e-6)
 
 
 def test_evaluations_and_the_no_pilot_rule(tmp_path):
     run = _pilot(tmp_path, "ev", noise=0.0, steps=20, eval_s=0.5)[0]
-    out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1, steps=100)
+    out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1, steps=100, probe=False)
     # evaluations at step 0, every 5 steps and the end: 1 + 20; their time from the pilot's, same shape
     assert out["evals"] == 21 and out["eval_s"] == pytest.approx(0.5)
     assert out["total_s"] == pytest.approx(100 * out["step_s"] + 21 * 0.5)
@@ -166,7 +166,7 @@ def test_evaluations_and_the_no_pilot_rule(tmp_path):
 
 
 def _cli(*args):
-    return CliRunner().invoke(app, ["plan", *map(str, args)])
+    return CliRunner().invoke(app, ["plan", "--no-probe", *map(str, args)])
 
 
 def test_cli_prints_the_plan_and_one_line_errors(tmp_path):
@@ -186,7 +186,7 @@ def test_cli_prints_the_plan_and_one_line_errors(tmp_path):
         bad = _cli(*args)
         assert bad.exit_code == 2 and said in bad.output and bad.output.strip().count("\n") == 0, (args, bad.output)
     with pytest.raises(ScaleRLError, match="--gpus 3 --nodes 2"):
-        plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="x", gpus=3, nodes=2)
+        plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="x", gpus=3, nodes=2, probe=False)
 
 
 def test_a_pilot_is_priced_in_the_precision_it_ran(tmp_path):
