@@ -117,7 +117,7 @@ def row(case: str, seed: int, what: str, plans: tuple[dict, dict], actual: float
     err = (probed[key] - actual) / actual
     lo, hi = probed["band"][key]
     return {"case": case, "seed": seed, "what": what, "predicted": probed[key], "measured": actual, "error": err,
-            "band": [lo, hi], "inside_band": lo <= actual <= hi, "dominant": probed["dominant"],
+            "band": [lo, hi], "inside_band": lo <= actual <= hi, "dominant": probed["dominant"], "probe": probed.get("probe"),
             "fit_only_predicted": fitted[key], "fit_only_error": (fitted[key] - actual) / actual, **extra}
 
 
@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--bracket", action="store_true", help="size, length: fit on the pilots run before and after the targets "
                                                           "(a shared machine's drift averaged; the plan is then not made before the runs)")
     ap.add_argument("--conditions", default="alone on the machine", help="How the machine was loaded (written beside the figures).")
+    ap.add_argument("--tag", default="", help="suffix of the results files (plan_accuracy_<date><tag>.md)")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     start = time.perf_counter()
@@ -228,8 +229,8 @@ def main() -> None:
               f"{time.perf_counter() - start:.0f} s in all", "args": vars(args), "rows": rows}
     print(markdown(report))
     if args.save:
-        (RESULTS / f"plan_accuracy_{date}.json").write_text(json.dumps(report, indent=1))
-        (RESULTS / f"plan_accuracy_{date}.md").write_text(markdown(report))
+        (RESULTS / f"plan_accuracy_{date}{args.tag}.json").write_text(json.dumps(report, indent=1))
+        (RESULTS / f"plan_accuracy_{date}{args.tag}.md").write_text(markdown(report))
 
 
 if __name__ == "__main__":

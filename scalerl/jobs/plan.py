@@ -99,7 +99,8 @@ def _probe_specs(pilots, target, model_config: dict[str, Any], world: int):
         return ProbeSpec(config=dump_config(cfg), model=model, prompt_len=prompt, new_tokens=max(round(shape.decode_steps), 1), world=world)
 
     pilot_specs = [spec(p, p.typical(), _model_config(p.model_path), p.shapes[-1].world, p.config.parallel.strategy) for p in pilots]
-    return pilot_specs, spec(pilots[-1], target, model_config, world, target.strategy)
+    # the target's prompt is the last pilot's (as `plan_from_pilots` sets it), rounded as that pilot's spec rounds it
+    return pilot_specs, replace(spec(pilots[-1], target, model_config, world, target.strategy), prompt_len=pilot_specs[-1].prompt_len)
 
 
 def _check(gpus: int, nodes: int, steps: int | None, completion_length: int | None, price: float, strategy: str | None,
@@ -195,7 +196,8 @@ def _probed(pilots, target, model, model_config: dict[str, Any], *, rounds: int,
                 "other (logging, health checks)": other}
 
     predicted = np.concatenate([[sum(parts(r).values())] * len(p.shapes) for p, r in zip(pilots, at_pilots)])
-    return parts(at_target, comm), parts(at_pilots[-1]), predicted, at_target.scatter(), notes
+    record = {"target": at_target.record(), "pilots": [r.record() for r in at_pilots]}
+    return parts(at_target, comm), parts(at_pilots[-1]), predicted, at_target.scatter(), notes, record
 
 
 def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: int, nodes: int = 1, steps: int | None = None,
@@ -225,12 +227,12 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
     measured = np.concatenate([p.step_s for p in pilots])
     why_not = probe_unavailable(pilots, target, model) if probe else "--no-probe"
     if why_not is None:
-        at_target, at_base, predicted, scatter, notes = _probed(pilots, target, model, model_config or llama_config(model),
+        at_target, at_base, predicted, scatter, notes, probe_record = _probed(pilots, target, model, model_config or llama_config(model),
                                                                 rounds=probe_rounds, bandwidth_gbs=bandwidth_gbs)
         gen = PROBED[:1]
     else:
         at_target, at_base, predicted, notes = _fitted(pilots, shapes, base, target, ref, bandwidth_gbs=bandwidth_gbs)
-        scatter = 0.0
+        scatter, probe_record = 0.0, None
         notes.insert(0, f"no probe ({why_not}): the step is priced by the terms fitted on the pilots")
         gen = ("generation compute (2·P·S FLOPs)", "generation memory (weight bytes × decode steps)", "generation per layer and decode step",
                "generation KV cache (bytes read)")
@@ -248,7 +250,7 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
                gpus=gpus, nodes=nodes, steps=n_steps, completion_length=length, strategy=target.strategy, evals=evals,
                eval_s=eval_s, parts=at_target, dominant=max(at_target, key=at_target.get), relative_band=rel, price_per_gpu_hour=price,
                achieved_tflops=train_flops / 1e12 if train_flops else None, pilot_params=sorted({s.params for s in shapes}),
-               pilot_step_s=float(measured.mean()), probed=why_not is None, notes=notes)
+               pilot_step_s=float(measured.mean()), probed=why_not is None, probe=probe_record, notes=notes)
     return out
 
 

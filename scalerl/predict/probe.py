@@ -67,6 +67,10 @@ class ProbeResult:
     def learn(self) -> float:
         return statistics.median(self.learn_s)
 
+    def record(self) -> dict[str, Any]:
+        """What the plan reports of a probe: the medians and every round's seconds."""
+        return {"rollout_s": self.rollout, "learn_s": self.learn, "rollout_rounds_s": list(self.rollout_s), "learn_rounds_s": list(self.learn_s)}
+
     def scatter(self) -> float:
         """Relative half-width (≈ 95 %) of the two medians' sum: the rounds' spread over their count."""
         total = [r + lr for r, lr in zip(self.rollout_s, self.learn_s)]

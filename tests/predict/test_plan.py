@@ -198,3 +198,39 @@ def test_a_pilot_is_priced_in_the_precision_it_ran(tmp_path):
     with (run / "resolved.yaml").open("a") as f:
         f.write("precision:\n  mode: standard\n  why: bf16 matmuls faster here\n")
     assert (read_pilot(run).shapes[0].weight_bytes, read_pilot(run).shapes[0].grad_bytes) == (2.0, 4.0)
+
+
+def test_a_probed_plan_is_the_target_probe_plus_the_pilots_loop(tmp_path, monkeypatch):
+    """With a probe (scalerl/predict/probe.py) the step is the target's probed rollout and update plus what the pilots
+    spend outside their own probes; the probe gets the target's model, length and processes."""
+    import scalerl.predict.probe as probe_module
+    from scalerl.predict.probe import ProbeResult
+
+    run, shape = _pilot(tmp_path, "probed", noise=0.0)
+    seen = []
+
+    def probe_alternated(specs, *, repeats=3, rounds=2):
+        seen.append(specs)
+        return [ProbeResult((0.01, 0.01), (0.02, 0.02)), ProbeResult((0.5, 0.7, 0.6), (1.0, 1.2, 1.1))]
+
+    monkeypatch.setattr(probe_module, "probe_alternated", probe_alternated)
+    folder, big = _model(tmp_path, 128, 4)
+    out = plan_from_pilots([run], model=big, model_name="big", gpus=1, completion_length=32, model_config=json.loads((folder / "config.json").read_text()))
+    rollout, learn = _true_step(shape)
+    assert out["probed"] and out["step_s"] == pytest.approx(0.6 + 1.1 + (rollout - 0.01) + (learn - 0.02) + TRUE["other"])
+    pilot_spec, target_spec = seen[0]
+    assert (pilot_spec.new_tokens, pilot_spec.prompt_len, pilot_spec.model["hidden_size"]) == (8, PROMPT, 64)
+    assert (target_spec.new_tokens, target_spec.prompt_len, target_spec.model["hidden_size"], target_spec.world) == (32, PROMPT, 128, 1)
+    # more processes than this machine has devices: the probe runs one and the bytes are priced at the given bandwidth
+    many = plan_from_pilots([run], model=big, model_name="big", gpus=64, strategy="fsdp2", bandwidth_gbs=2.0)
+    assert seen[1][1].world == 1 and "fsdp2" in seen[1][1].config
+    target = Shape(**{**shape.__dict__, "params": big.params, "world": 64, "strategy": "fsdp2", "hidden": 128, "layers": 4})
+    assert many["parts"]["communication"] == pytest.approx(comm_bytes(target) / 2e9)
+
+
+def test_a_target_this_machine_cannot_hold_is_priced_by_the_fit(tmp_path):
+    run = _pilot(tmp_path, "huge", noise=0.0)[0]
+    shape, name = target_shape("70b", None)
+    out = plan_from_pilots([run], model=shape, model_name=name, gpus=1)
+    assert not out["probed"] and "no probe (the target's weights, gradients and moments" in out["notes"][0]
+    assert out == plan_from_pilots([run], model=shape, model_name=name, gpus=1, probe=False) | {"notes": out["notes"], "probed": False}
