@@ -157,12 +157,14 @@ def _fitted(pilots, shapes, base, target, ref, *, bandwidth_gbs: float | None):
     return cost.parts(target), cost.parts(base), np.array([cost.seconds(s) for s in shapes]), notes
 
 
-PROBED = ("rollout (probed: sampling)", "learning (probed: the update)", "the loop around them (pilots)")
+PROBED = ("rollout (probed: sampling)", "learning (probed: the update)", "the loop around them (pilots: measured minus probed)")
 
 
 def _probed(pilots, target, model, model_config: dict[str, Any], *, rounds: int, bandwidth_gbs: float | None):
     """The target's step from probes (scalerl/predict/probe.py): the target's rollout and update timed on this machine,
-    plus what the pilots spend outside them (each pilot's measured phases minus its own probe, the mean over pilots).
+    plus what the pilots spend outside them (each pilot's measured phases minus its own probe, the mean over pilots;
+    negative where the probes ran slower than the pilots did, the machine's drift between them: at the pilots' own shape
+    the plan is then their measured step).
     Returns (parts at the target, at the last pilot, predicted pilot steps, the probe's relative scatter, notes)."""
     from scalerl.predict.probe import probe_alternated
     from scalerl.predict.step_cost import comm_bytes
@@ -192,7 +194,7 @@ def _probed(pilots, target, model, model_config: dict[str, Any], *, rounds: int,
                      f"{comm_bytes(target) / 1e6:.4g} MB per step at {bandwidth_gbs:g} GB/s")
 
     def parts(r, comm_s: float = 0.0) -> dict[str, float]:
-        return {PROBED[0]: r.rollout, PROBED[1]: r.learn, PROBED[2]: max(loop_r + loop_l, 0.0), "communication": comm_s,
+        return {PROBED[0]: r.rollout, PROBED[1]: r.learn, PROBED[2]: loop_r + loop_l, "communication": comm_s,
                 "other (logging, health checks)": other}
 
     predicted = np.concatenate([[sum(parts(r).values())] * len(p.shapes) for p, r in zip(pilots, at_pilots)])
@@ -241,7 +243,7 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
     gen_ratio = sum(at_target[k] for k in gen) / max(sum(at_base[k] for k in gen), 1e-12)
     eval_s = float(np.mean([e for p in pilots for e in p.eval_s])) * gen_ratio if any(p.eval_s for p in pilots) else 0.0
     evals = 1 + count_scheduled(1, n_steps, ref.config.eval.every, include_last=True) if eval_s else 0
-    step_s = sum(at_target.values())
+    step_s = max(sum(at_target.values()), 0.0)
     out = _figures(step_s, rel, n_steps, evals, eval_s, gpus, price)
     if not any(p.eval_s for p in pilots):
         notes.append("the pilots recorded no evaluation time (eval.every 0): evaluations are not priced")

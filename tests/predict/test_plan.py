@@ -234,3 +234,14 @@ def test_a_target_this_machine_cannot_hold_is_priced_by_the_fit(tmp_path):
     out = plan_from_pilots([run], model=shape, model_name=name, gpus=1)
     assert not out["probed"] and "no probe (the target's weights, gradients and moments" in out["notes"][0]
     assert out == plan_from_pilots([run], model=shape, model_name=name, gpus=1, probe=False) | {"notes": out["notes"], "probed": False}
+
+
+def test_at_the_pilots_own_shape_a_probed_plan_is_the_pilots_measured_step(tmp_path, monkeypatch):
+    """Even when the probe ran slower than the pilot (the machine's drift between them): the loop term is signed."""
+    import scalerl.predict.probe as probe_module
+    from scalerl.predict.probe import ProbeResult
+
+    run, shape = _pilot(tmp_path, "same", noise=0.0)
+    monkeypatch.setattr(probe_module, "probe_alternated", lambda specs, **_: [ProbeResult((1.0,), (2.0,))] * len(specs))
+    out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1)
+    assert out["probed"] and out["step_s"] == pytest.approx(sum(_true_step(shape)) + TRUE["other"])
