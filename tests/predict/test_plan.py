@@ -219,11 +219,14 @@ def test_a_probed_plan_is_the_target_probe_plus_the_pilots_loop(tmp_path, monkey
     rollout, learn = _true_step(shape)
     assert out["probed"] and out["step_s"] == pytest.approx(0.6 + 1.1 + (rollout - 0.01) + (learn - 0.02) + TRUE["other"])
     pilot_spec, target_spec = seen[0]
+    printed = CliRunner().invoke(app, ["plan", str(run), "--model", str(folder), "--completion-length", "32", "--probe-rounds", "1"])
+    assert printed.exit_code == 0 and f"step time: {out['step_s']:.4g} s" in printed.output and "probed on this machine" in printed.output
+    assert "--probe-rounds: 0" in CliRunner().invoke(app, ["plan", str(run), "--model", str(folder), "--probe-rounds", "0"]).output
     assert (pilot_spec.new_tokens, pilot_spec.prompt_len, pilot_spec.model["hidden_size"]) == (8, PROMPT, 64)
     assert (target_spec.new_tokens, target_spec.prompt_len, target_spec.model["hidden_size"], target_spec.world) == (32, PROMPT, 128, 1)
     # more processes than this machine has devices: the probe runs one and the bytes are priced at the given bandwidth
     many = plan_from_pilots([run], model=big, model_name="big", gpus=64, strategy="fsdp2", bandwidth_gbs=2.0)
-    assert seen[1][1].world == 1 and "fsdp2" in seen[1][1].config
+    assert seen[-1][1].world == 1 and "fsdp2" in seen[-1][1].config
     target = Shape(**{**shape.__dict__, "params": big.params, "world": 64, "strategy": "fsdp2", "hidden": 128, "layers": 4})
     assert many["parts"]["communication"] == pytest.approx(comm_bytes(target) / 2e9)
 
