@@ -1,7 +1,6 @@
 """`scalerl plan`'s probe (scalerl/predict/probe.py): it runs the run's own sampler and learner at the shape it is
 given, in one process or several (torchrun, gloo, FSDP2), and the plan adds the pilots' loop around it."""
 
-
 import pytest
 
 from scalerl.config import load_config
