@@ -17,7 +17,7 @@ Every run: `scalerl train` in a subprocess, random-init Llamas on the built-in c
 GRPO β 0, --prompts × --group completions of exactly N new tokens (min_new_tokens = max_new_tokens),
 precision.mode auto (the machine's choice, in each run's resolved.yaml), --threads torch threads (OMP_NUM_THREADS the
 same), evaluation only at the end (8 tasks), no checkpoint. Each plan is made as `scalerl plan` makes it (the target's
-rollout and update probed on this machine, calibrated by the pilots: scalerl/predict/probe.py) and, for comparison,
+rollout and update probed on this machine, calibrated by the pilots: scalerl/jobs/probe.py) and, for comparison,
 from the terms fitted on the pilots alone (`--no-probe`). Measured step time: the mean logged interval per step after 2 warm-up steps (what the
 plan predicts); error = (predicted − measured) / measured. Seeds: --seeds (pilot and target seeded alike).
 

@@ -1,13 +1,21 @@
 """`scalerl plan`: the step time, hours, GPU-hours and cost of a run not yet launched, from short pilots.
 
-With pilots: their recorded steps (`scalerl.predict.pilot`) pooled into one `ShapeCost`
-(`scalerl.predict.step_cost`, the model the live time estimate uses), evaluated at the target
-shape: the target model's parameters, the pilots' work per process (completions, prompt positions)
-with the completion length of --completion-length, --gpus processes under the pilots' strategy.
+With pilots, the target shape is the target model, the pilots' work per process (completions,
+prompt positions) with the completion length of --completion-length, --gpus processes under the
+pilots' strategy (or --strategy). Its step is priced
+
+- by probes (default, `_probed`): the target's rollout and update timed on this machine with the
+  run's own code (scalerl/jobs/probe.py), plus the pilots' loop around them (each pilot's measured
+  phases minus its own probe); where the target cannot be probed here (`probe_unavailable`) or with
+  `probe=False`,
+- by terms fitted on the pilots' recorded steps (`scalerl.predict.pilot`) pooled into one `ShapeCost`
+  (`scalerl.predict.step_cost`, the model the live time estimate uses), evaluated at the target shape.
+
 Total time = steps × step time + evaluations (the pilots' mean evaluation time, scaled by the
 target's generation time per step over the pilots'; one at step 0, then on the pilots' eval.every
 and at the end). Cost = price × GPU-hours: the pilot measured this machine's efficiency, so no
-factor is applied. Each figure has a band (`relative_band`: the pilots' scatter, misfit and drift).
+factor is applied. Each figure has a band (`relative_band`: the pilots' scatter, misfit and drift,
+and the target probe's scatter).
 
 Without a pilot: the source's rule (seed 000 §4.3): the step's ideal FLOPs (6·P·T + 2·P·S) at
 --peak-tflops × the efficiency factor of the model's size class (7B 0.85, 13B 0.72, 70B 0.53),
@@ -91,7 +99,7 @@ def _probe_specs(pilots, target, model_config: dict[str, Any], world: int):
     """ProbeSpecs of every pilot (its config with the precision that ran, its model, its typical shape) and of the target
     (the last pilot's config with the target's strategy and length, the target model, `world` processes)."""
     from scalerl.config.load import dump_config, with_overrides
-    from scalerl.predict.probe import ProbeSpec
+    from scalerl.jobs.probe import ProbeSpec
 
     def spec(pilot, shape, model: dict[str, Any], world: int, strategy: str) -> ProbeSpec:
         cfg = with_overrides(pilot.config, {"precision.mode": pilot.mode, "parallel.strategy": strategy})
@@ -160,20 +168,22 @@ def _fitted(pilots, shapes, base, target, ref, *, bandwidth_gbs: float | None):
 PROBED = ("rollout (probed: sampling)", "learning (probed: the update)", "the loop around them (pilots: measured minus probed)")
 
 
-def _probed(pilots, target, model, model_config: dict[str, Any], *, rounds: int, bandwidth_gbs: float | None):
-    """The target's step from probes (scalerl/predict/probe.py): the target's rollout and update timed on this machine,
+def _probed(pilots, target, model_config: dict[str, Any], *, nodes: int, rounds: int, bandwidth_gbs: float | None):
+    """The target's step from probes (scalerl/jobs/probe.py): the target's rollout and update timed on this machine,
     plus what the pilots spend outside them (each pilot's measured phases minus its own probe, the mean over pilots;
     negative where the probes ran slower than the pilots did, the machine's drift between them: at the pilots' own shape
-    the plan is then their measured step).
-    Returns (parts at the target, at the last pilot, predicted pilot steps, the probe's relative scatter, notes)."""
-    from scalerl.predict.probe import probe_alternated
+    the plan is then their measured step). Several processes are probed as such where this machine has a device for
+    each and the run is on one node; otherwise one process is, and the communication is priced by bytes.
+    Returns (parts at the target, at the last pilot, predicted pilot steps, the probe's relative scatter, notes, the
+    probes' record)."""
+    import torch
+
+    from scalerl.jobs.probe import probe_alternated
     from scalerl.predict.step_cost import comm_bytes
 
     device = pilots[-1].device
-    import torch
-
     local = torch.cuda.device_count() if device == "cuda" else os.cpu_count() or 1
-    world = target.world if target.world <= local else 1
+    world = target.world if target.world <= local and nodes == 1 else 1
     pilot_specs, target_spec = _probe_specs(pilots, target, model_config, world)
     results = probe_alternated([*pilot_specs, target_spec], rounds=rounds)
     at_pilots, at_target = results[:-1], results[-1]
@@ -187,10 +197,10 @@ def _probed(pilots, target, model, model_config: dict[str, Any], *, rounds: int,
     comm = 0.0
     if world < target.world:
         if bandwidth_gbs is None:
-            raise ScaleRLError(f"--gpus {target.world}: this machine runs at most {local} processes on {device}, so the probe runs one "
-                               "and the communication is priced by bytes: pass --bandwidth-gbs (GB/s per process)")
+            raise ScaleRLError(f"--gpus {target.world} --nodes {nodes}: this machine probes at most {local} processes on {device} on one "
+                               "node, so the probe runs one and the communication is priced by bytes: pass --bandwidth-gbs (GB/s per process)")
         comm = comm_bytes(target) / (bandwidth_gbs * 1e9)
-        notes.append(f"the probe ran 1 process (this machine has {local} {device} device(s)); communication priced as "
+        notes.append(f"the probe ran 1 process (this machine: {local} {device} device(s), one node); communication priced as "
                      f"{comm_bytes(target) / 1e6:.4g} MB per step at {bandwidth_gbs:g} GB/s")
 
     def parts(r, comm_s: float = 0.0) -> dict[str, float]:
@@ -229,8 +239,8 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
     measured = np.concatenate([p.step_s for p in pilots])
     why_not = probe_unavailable(pilots, target, model) if probe else "--no-probe"
     if why_not is None:
-        at_target, at_base, predicted, scatter, notes, probe_record = _probed(pilots, target, model, model_config or llama_config(model),
-                                                                rounds=probe_rounds, bandwidth_gbs=bandwidth_gbs)
+        at_target, at_base, predicted, scatter, notes, probe_record = _probed(pilots, target, model_config or llama_config(model), nodes=nodes,
+                                                                              rounds=probe_rounds, bandwidth_gbs=bandwidth_gbs)
         gen = PROBED[:1]
     else:
         at_target, at_base, predicted, notes = _fitted(pilots, shapes, base, target, ref, bandwidth_gbs=bandwidth_gbs)

@@ -201,10 +201,10 @@ def test_a_pilot_is_priced_in_the_precision_it_ran(tmp_path):
 
 
 def test_a_probed_plan_is_the_target_probe_plus_the_pilots_loop(tmp_path, monkeypatch):
-    """With a probe (scalerl/predict/probe.py) the step is the target's probed rollout and update plus what the pilots
+    """With a probe (scalerl/jobs/probe.py) the step is the target's probed rollout and update plus what the pilots
     spend outside their own probes; the probe gets the target's model, length and processes."""
-    import scalerl.predict.probe as probe_module
-    from scalerl.predict.probe import ProbeResult
+    import scalerl.jobs.probe as probe_module
+    from scalerl.jobs.probe import ProbeResult
 
     run, shape = _pilot(tmp_path, "probed", noise=0.0)
     seen = []
@@ -241,8 +241,8 @@ def test_a_target_this_machine_cannot_hold_is_priced_by_the_fit(tmp_path):
 
 def test_at_the_pilots_own_shape_a_probed_plan_is_the_pilots_measured_step(tmp_path, monkeypatch):
     """Even when the probe ran slower than the pilot (the machine's drift between them): the loop term is signed."""
-    import scalerl.predict.probe as probe_module
-    from scalerl.predict.probe import ProbeResult
+    import scalerl.jobs.probe as probe_module
+    from scalerl.jobs.probe import ProbeResult
 
     run, shape = _pilot(tmp_path, "same", noise=0.0)
     monkeypatch.setattr(probe_module, "probe_alternated", lambda specs, **_: [ProbeResult((1.0,), (2.0,))] * len(specs))

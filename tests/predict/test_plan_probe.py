@@ -1,11 +1,11 @@
-"""`scalerl plan`'s probe (scalerl/predict/probe.py): it runs the run's own sampler and learner at the shape it is
+"""`scalerl plan`'s probe (scalerl/jobs/probe.py): it runs the run's own sampler and learner at the shape it is
 given, in one process or several (torchrun, gloo, FSDP2), and the plan adds the pilots' loop around it."""
 
 import pytest
 
 from scalerl.config import load_config
 from scalerl.config.load import dump_config, with_overrides
-from scalerl.predict.probe import ProbeSpec, probe
+from scalerl.jobs.probe import ProbeSpec, probe
 
 TINY = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64, "eos_token_id": 1, "pad_token_id": 0}

@@ -17,7 +17,7 @@ thereby measured, not extrapolated; this is how auto-parallel planners cost a mo
 (Alpa, Zheng et al. 2022; Galvatron, Miao et al. 2022, profile each layer on the device). What a probe does
 not do (environments, rewards, logging, the trainer's loop) the pilots calibrate (scalerl/jobs/plan.py).
 
-    python -m torch.distributed.run --standalone --nproc_per_node W -m scalerl.predict.probe SPEC.json OUT.json
+    python -m torch.distributed.run --standalone --nproc_per_node W -m scalerl.jobs.probe SPEC.json OUT.json
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def probe(spec: ProbeSpec, repeats: int = 3) -> ProbeResult:
         spec_file.write_text(json.dumps({**asdict(spec), "repeats": repeats}))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(spec.world),
-               "-m", "scalerl.predict.probe", str(spec_file), str(out_file)]
+               "-m", "scalerl.jobs.probe", str(spec_file), str(out_file)]
         out = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
         if out.returncode != 0 or not out_file.is_file():
             tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
