@@ -163,7 +163,14 @@ def run_probe(spec: ProbeSpec, repeats: int) -> ProbeResult:
 def probe(spec: ProbeSpec, repeats: int = 3) -> ProbeResult:
     """`run_probe` here (one process) or in `spec.world` processes started by torchrun (rank 0's times)."""
     if spec.world == 1:
-        return run_probe(spec, repeats)
+        try:
+            return run_probe(spec, repeats)
+        except ScaleRLError:
+            raise
+        except Exception as err:  # a model transformers cannot build from its config, out of memory, ...
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            raise ScaleRLError(f"plan: the probe of a {spec.model.get('model_type', '?')} model failed ({first}); run with --no-probe to "
+                               "price from the pilots alone") from err
     with tempfile.TemporaryDirectory() as tmp:
         spec_file, out_file = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_file.write_text(json.dumps({**asdict(spec), "repeats": repeats}))
