@@ -23,18 +23,19 @@ def print_plan(out: dict[str, Any]) -> None:
               f"pilot models {', '.join(f'{p / 1e6:.3g}M' for p in out['pilot_params'])} parameters, mean step {out['pilot_step_s']:.3g} s")
     else:
         print(out["source"])
-    print(f"target: {out['model']} ({out['params'] / 1e6:,.4g}M parameters), {out['gpus']} GPU(s) on {out['nodes']} node(s)"
+    units = "process(es) on CPU" if out.get("device") == "cpu" else "GPU(s)"
+    print(f"target: {out['model']} ({out['params'] / 1e6:,.4g}M parameters), {out['gpus']} {units} on {out['nodes']} node(s)"
           f"{', ' + out['strategy'] if out.get('strategy') and out['gpus'] > 1 else ''}, {out['steps']} steps, "
           f"{out['completion_length']:.0f} new tokens per completion")
     print(f"step time: {out['step_s']:.4g} s{_band(out, 'step_s', '.4g')}")
-    evals = (f" (incl. {out['evals']} evaluations of {out['eval_s']:.3g} s: step 0, the pilot's eval.every and the end)"
-             if out.get("evals") else "")
+    when = f"step 0, every {out['eval_every']} steps and the end" if out.get("eval_every") else "step 0 and the end"
+    evals = f" (incl. {out['evals']} evaluations of {out['eval_s']:.3g} s: {when})" if out.get("evals") else ""
     print(f"hours: {out['hours']:.4g}{_band(out, 'hours', '.4g')}{evals}")
     print(f"GPU-hours: {out['gpu_hours']:.4g}{_band(out, 'gpu_hours', '.4g')}")
     print(f"cost: {out['cost']:,.2f} at {out['price_per_gpu_hour']:g} per GPU-hour{_band(out, 'cost', ',.2f')}")
     if "parts" in out:
         total = sum(out["parts"].values())
-        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(out["parts"].items(), key=lambda kv: -kv[1]) if v > 0)
+        shares = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(out["parts"].items(), key=lambda kv: -kv[1]) if v != 0)
         print(f"dominant term: {out['dominant']}; per step: {shares}")
         if out.get("achieved_tflops"):
             print(f"the target's update as probed: {out['achieved_tflops'] * 1e3:.3g} GFLOP/s of 6·P·T "
@@ -52,7 +53,7 @@ def plan(
     nodes: int = typer.Option(1, "--nodes", help="Nodes they are spread over (must divide --gpus)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Steps of the planned run (default: the pilot's train.steps)."),
     completion_length: Optional[int] = typer.Option(None, "--completion-length", help="New tokens per completion (the batch's longest; "
-                                                                                     "default: the pilots')."),
+                                                                                     "default: the pilots' mean of each batch's longest)."),
     price: float = typer.Option(2.0, "--price-per-gpu-hour", help="Price of one GPU-hour."),
     strategy: Optional[str] = typer.Option(None, "--strategy", help="none, ddp, fsdp2 or dynamic (default: the pilots' parallel.strategy)."),
     bandwidth_gbs: Optional[float] = typer.Option(None, "--bandwidth-gbs", help="Collective bandwidth per process, GB/s (default: "

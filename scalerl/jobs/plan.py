@@ -111,6 +111,16 @@ def _probe_specs(pilots, target, model_config: dict[str, Any], world: int):
     return pilot_specs, replace(spec(pilots[-1], target, model_config, world, target.strategy), prompt_len=pilot_specs[-1].prompt_len)
 
 
+def _check_positions(model_config: dict[str, Any] | None, model_name: str, prompt: float, length: float) -> None:
+    """The target's prompt and completion must fit its positions, as `scalerl train` checks before it starts."""
+    from scalerl.models.paths import max_positions
+
+    limit = max_positions(model_config or {})
+    if limit is not None and prompt + length > limit:
+        raise ScaleRLError(f"--completion-length {length:g}: the target model ({model_name}) has {limit} positions for the prompt "
+                           f"({prompt:.0f} tokens in the pilots) and the completion together; give at most {int(limit - prompt)}")
+
+
 def _check(gpus: int, nodes: int, steps: int | None, completion_length: int | None, price: float, strategy: str | None,
            bandwidth_gbs: float | None) -> None:
     if gpus < 1 or nodes < 1 or gpus % nodes:
@@ -232,6 +242,7 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
     base = ref.typical()
     prompt = max(base.trained / base.completions - base.decode_steps, 0.0)
     length = float(completion_length) if completion_length is not None else base.decode_steps
+    _check_positions(model_config, model_name, prompt, length)
     params = float(model.params)
     kv_bytes = 2.0 * model.layers * model.kv_heads * model.head_dim * base.weight_bytes  # as the pilot's (scalerl/predict/pilot.py)
     target = replace(base, params=params, hidden=model.hidden, layers=model.layers, world=gpus, decode_steps=length, kv_bytes=kv_bytes,
@@ -262,7 +273,8 @@ def plan_from_pilots(pilot_dirs: list[Path], *, model, model_name: str, gpus: in
                gpus=gpus, nodes=nodes, steps=n_steps, completion_length=length, strategy=target.strategy, evals=evals,
                eval_s=eval_s, parts=at_target, dominant=max(at_target, key=at_target.get), relative_band=rel, price_per_gpu_hour=price,
                achieved_tflops=train_flops / 1e12 if train_flops else None, pilot_params=sorted({s.params for s in shapes}),
-               pilot_step_s=float(measured.mean()), probed=why_not is None, probe=probe_record, notes=notes)
+               pilot_step_s=float(measured.mean()), probed=why_not is None, probe=probe_record, device=ref.device,
+               eval_every=ref.config.eval.every, notes=notes)
     return out
 
 

@@ -177,12 +177,15 @@ def test_cli_prints_the_plan_and_one_line_errors(tmp_path):
     (tmp_path / "bare").mkdir()
     (tmp_path / "bare" / "config.yaml").write_text((run / "config.yaml").read_text())
     (tmp_path / "bare" / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_time_s": 1.0, "tokens": 5}) + "\n")
+    short = tmp_path / "short.json"  # a target of 16 positions: 12 prompt tokens leave 4 new ones
+    short.write_text(json.dumps({**json.loads((tmp_path / "model_h64_l2" / "config.json").read_text()), "max_position_embeddings": 16}))
     for args, said in (((tmp_path / "missing", "--model-size", "7b"), "no such run folder"),
                        ((tmp_path / "bare", "--model-size", "7b"), "no phase records"),
                        ((run, "--model-size", "5b"), "--model-size"),
                        ((run, "--model-size", "7b", "--strategy", "zero"), "--strategy"),
                        ((run, "--model-size", "7b", "--gpus", 2), "--bandwidth-gbs"),
-                       ((run,), "exactly one of --model-size")):
+                       ((run,), "exactly one of --model-size"),
+                       ((run, "--model", short, "--completion-length", 20), "has 16 positions for the prompt (12 tokens in the pilots)")):
         bad = _cli(*args)
         assert bad.exit_code == 2 and said in bad.output and bad.output.strip().count("\n") == 0, (args, bad.output)
     with pytest.raises(ScaleRLError, match="--gpus 3 --nodes 2"):
