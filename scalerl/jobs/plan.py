@@ -102,7 +102,7 @@ def _probe_specs(pilots, target, model_config: dict[str, Any], world: int):
     from scalerl.jobs.probe import ProbeSpec
 
     def spec(pilot, shape, model: dict[str, Any], world: int, strategy: str) -> ProbeSpec:
-        cfg = with_overrides(pilot.config, {"precision.mode": pilot.mode, "parallel.strategy": strategy})
+        cfg = with_overrides(pilot.config, {"precision.mode": pilot.mode, "parallel.strategy": strategy, "train.device": pilot.device})
         prompt = max(round(shape.trained / max(shape.completions, 1e-12) - shape.decode_steps), 1)
         return ProbeSpec(config=dump_config(cfg), model=model, prompt_len=prompt, new_tokens=max(round(shape.decode_steps), 1), world=world)
 

@@ -226,6 +226,7 @@ def test_a_probed_plan_is_the_target_probe_plus_the_pilots_loop(tmp_path, monkey
     assert printed.exit_code == 0 and f"step time: {out['step_s']:.4g} s" in printed.output and "probed on this machine" in printed.output
     assert "--probe-rounds: 0" in CliRunner().invoke(app, ["plan", str(run), "--model", str(folder), "--probe-rounds", "0"]).output
     assert (pilot_spec.new_tokens, pilot_spec.prompt_len, pilot_spec.model["hidden_size"]) == (8, PROMPT, 64)
+    assert "\n  device: cpu\n" in target_spec.config  # the pilots' device (resolved.yaml), not train.device's auto
     assert (target_spec.new_tokens, target_spec.prompt_len, target_spec.model["hidden_size"], target_spec.world) == (32, PROMPT, 128, 1)
     # more processes than this machine has devices: the probe runs one and the bytes are priced at the given bandwidth
     many = plan_from_pilots([run], model=big, model_name="big", gpus=64, strategy="fsdp2", bandwidth_gbs=2.0)
