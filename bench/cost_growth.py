@@ -4,13 +4,13 @@
 
 Random-init Llamas on the built-in character tokenizer (hidden 128/4 layers, 256/6, 512/8: about
 1M, 5M and 26M parameters), GRPO with β 0, every completion exactly 16 new tokens
-(`rollout.min_new_tokens` = `max_new_tokens`, so the work per completion is fixed), group 8, fp32,
-2 threads, in this process (one model at a time). Batch sweep: the 5M model at 4, 8, 16 and 32
+(`rollout.min_new_tokens` = `max_new_tokens`, so the work per completion is fixed), group 8,
+`--precision` (fp32 by default, as the history; `auto` is what a run gets, the mode it chose is printed), 2 threads, in this process (one model at a time). Batch sweep: the 5M model at 4, 8, 16 and 32
 prompts per step (32 to 256 completions); model sweep: 8 prompts (64 completions) on each model.
 The median step time (after one warm-up step) is fitted with a line, t = a + b·x, x the completions
 (batch sweep) or 6·parameters·positions (model sweep, the forward + backward FLOPs): the intercept a
 is the cost that does not grow with x, and each point's residual is printed. `--save` writes
-bench/results/cost_growth_<date>.{json,md,png}.
+bench/results/cost_growth_<date><--tag>.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -47,16 +47,16 @@ def build(folder: Path, hidden: int, mlp: int, layers: int, heads: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def step_time(model: Path, prompts: int, steps: int, runs: str) -> tuple[float, float, float, float]:
+def step_time(model: Path, prompts: int, steps: int, runs: str, precision: str) -> tuple[float, float, float, float, str]:
     """(median seconds per step after a warm-up, mean trained positions per step, median seconds of the
-    rollout part (sample, score) and of the learning part)."""
+    rollout part (sample, score) and of the learning part, the precision mode that ran)."""
     from scalerl.config import load_config
     from scalerl.distributed.context import DistContext
     from scalerl.trainer import loop
 
     over = {"model.path": str(model), "rollout.prompts_per_step": prompts, "rollout.group_size": GROUP,
             "rollout.max_new_tokens": LENGTH, "rollout.min_new_tokens": LENGTH, "algorithm.kl.beta": 0.0, "train.threads": 2,
-            "log.run_dir": runs, "log.name": f"p{prompts}", "log.console": "none", "log.tensorboard": False}
+            "precision.mode": precision, "log.run_dir": runs, "log.name": f"p{prompts}", "log.console": "none", "log.tensorboard": False}
     rollout, learner, _ = loop.build_roles(load_config(overrides=over), DistContext(), resume=False, overwrite=True)
     times, positions, parts = [], [], []
     for step in range(1, steps + 2):
@@ -67,7 +67,7 @@ def step_time(model: Path, prompts: int, steps: int, runs: str) -> tuple[float, 
         parts.append((metrics["time/rollout_s"], metrics["time/learn_s"]))
     rollout.close()
     return (statistics.median(times[1:]), statistics.mean(positions[1:]), statistics.median(p[0] for p in parts[1:]),
-            statistics.median(p[1] for p in parts[1:]))
+            statistics.median(p[1] for p in parts[1:]), learner.precision.mode)
 
 
 def fit(xs: list[float], ys: list[float]) -> tuple[float, float, list[float]]:
@@ -81,6 +81,8 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, list[float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--precision", default="fp32", help="precision.mode of every run (auto: each run's own choice)")
+    ap.add_argument("--tag", default="", help="suffix of the results files")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -90,10 +92,11 @@ def main() -> None:
             folder = Path(tmp) / name
             params = build(folder, *shape)
             for prompts in ((4, 8, 16, 32) if name == "5M" else (8,)):
-                t, pos, roll, learn = step_time(folder, prompts, args.steps, str(Path(tmp) / "runs"))
+                t, pos, roll, learn, mode = step_time(folder, prompts, args.steps, str(Path(tmp) / "runs"), args.precision)
                 rows.append({"model": name, "params": params, "completions": prompts * GROUP, "positions": pos, "step_s": t,
-                             "rollout_s": roll, "learn_s": learn})
+                             "rollout_s": roll, "learn_s": learn, "precision": mode})
                 print(json.dumps(rows[-1]), flush=True)
+    modes = sorted({r["precision"] for r in rows})
     batch = [r for r in rows if r["model"] == "5M"]
     size = [r for r in rows if r["completions"] == 8 * GROUP]
     a1, b1, res1 = fit([r["completions"] for r in batch], [r["step_s"] for r in batch])
@@ -124,12 +127,12 @@ def main() -> None:
         right.set(xlabel="6 · params · trained positions (GFLOP), 64 completions", ylabel="seconds per step")
         right.legend()
         fig.tight_layout()
-        fig.savefig(RESULTS / f"cost_growth_{date}.png", dpi=100)
+        fig.savefig(RESULTS / f"cost_growth_{date}{args.tag}.png", dpi=100)
         cmd = "python bench/cost_growth.py " + " ".join(__import__("sys").argv[1:])
-        (RESULTS / f"cost_growth_{date}.json").write_text(json.dumps({"date": date, "command": cmd, "rows": rows,
+        (RESULTS / f"cost_growth_{date}{args.tag}.json").write_text(json.dumps({"date": date, "command": cmd, "precision": modes, "rows": rows,
                                                                      "batch_fit": [a1, b1], "model_fit": [a2, b2]}, indent=1))
-        (RESULTS / f"cost_growth_{date}.md").write_text(f"# Step cost growth, {date}\n\n`{cmd}` (fp32, 2 threads, alone on the machine; "
-                                                        f"![plot](cost_growth_{date}.png))\n\n" + "\n".join(lines) + "\n")
+        (RESULTS / f"cost_growth_{date}{args.tag}.md").write_text(f"# Step cost growth, {date}\n\n`{cmd}` (precision {', '.join(modes)}, 2 threads, "
+                                                                  f"alone on the machine; ![plot](cost_growth_{date}{args.tag}.png))\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
