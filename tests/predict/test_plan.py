@@ -252,3 +252,12 @@ def test_at_the_pilots_own_shape_a_probed_plan_is_the_pilots_measured_step(tmp_p
     monkeypatch.setattr(probe_module, "probe_alternated", lambda specs, **_: [ProbeResult((1.0,), (2.0,))] * len(specs))
     out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1)
     assert out["probed"] and out["step_s"] == pytest.approx(sum(_true_step(shape)) + TRUE["other"])
+
+
+
+@pytest.mark.parametrize("setting, said", [("engine: vllm", "a pilot sampled with vLLM"), ("mode: async\n  max_staleness: 0", "rollout.mode=async")])
+def test_a_pilot_the_probe_cannot_copy_is_priced_by_the_fit(tmp_path, setting, said):
+    run = _pilot(tmp_path, "other", noise=0.0)[0]
+    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("rollout:\n", f"rollout:\n  {setting}\n"))
+    out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1)
+    assert not out["probed"] and said in out["notes"][0]
