@@ -78,7 +78,8 @@ def _model_config(path: str) -> dict[str, Any]:
 
 def probe_unavailable(pilots, target, model) -> str | None:
     """Why the target cannot be probed on this machine (None: it can): the pilots ran on a device this machine
-    does not have, sampled with vLLM or asynchronously (the probe runs the HF engine, sampling then learning), or the target's weights, gradients and AdamW moments (16 bytes a parameter, a 1/world share
+    does not have, sampled with vLLM or asynchronously (the probe runs the HF engine, sampling then learning), trained PPO
+    with a separate critic model (loaded from a checkpoint), or the target's weights, gradients and AdamW moments (16 bytes a parameter, a 1/world share
     under FSDP2) would take over half of a GPU's free memory, or of the host's for all its CPU processes."""
     import torch
 
@@ -87,6 +88,8 @@ def probe_unavailable(pilots, target, model) -> str | None:
         return "the pilots ran on cuda and this machine has no GPU"
     if any(p.config.rollout.engine != "hf" for p in pilots):
         return "a pilot sampled with vLLM; the probe times the HF engine"
+    if any(p.config.algorithm.name == "ppo" and p.config.algorithm.critic == "separate" for p in pilots):
+        return "a pilot trained PPO with a separate critic model, which the probe would load from the pilot's own checkpoint"
     if any(p.config.rollout.mode != "sync" for p in pilots):
         return "a pilot ran rollout.mode=async, where sampling overlaps learning; the probe times them in turn"
     per_process = 16.0 * model.params / (target.world if target.strategy == "fsdp2" else 1)

@@ -255,9 +255,12 @@ def test_at_the_pilots_own_shape_a_probed_plan_is_the_pilots_measured_step(tmp_p
 
 
 
-@pytest.mark.parametrize("setting, said", [("engine: vllm", "a pilot sampled with vLLM"), ("mode: async\n  max_staleness: 0", "rollout.mode=async")])
-def test_a_pilot_the_probe_cannot_copy_is_priced_by_the_fit(tmp_path, setting, said):
+@pytest.mark.parametrize("section, setting, said", [("rollout", "engine: vllm", "a pilot sampled with vLLM"),
+                                                    ("rollout", "mode: async\n  max_staleness: 0", "rollout.mode=async"),
+                                                    ("algorithm", "name: ppo", "a separate critic model")])
+def test_a_pilot_the_probe_cannot_copy_is_priced_by_the_fit(tmp_path, section, setting, said):
     run = _pilot(tmp_path, "other", noise=0.0)[0]
-    (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("rollout:\n", f"rollout:\n  {setting}\n"))
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + f"{section}:\n  {setting}\n" if section == "algorithm" else
+                                     (run / "config.yaml").read_text().replace("rollout:\n", f"rollout:\n  {setting}\n"))
     out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1)
     assert not out["probed"] and said in out["notes"][0]
