@@ -96,15 +96,15 @@ def main() -> None:
     import tiny_task
 
     from scalerl.config import load_config
-    from scalerl.distributed import parallel
     from scalerl.jsonl import read_metrics
     from scalerl.rollout import hf
     from scalerl.learner import learner
+    from scalerl.models import logprobs
     from scalerl.trainer import loop, step as step_module
 
     timer = PhaseTimer()
     timer.wrap(hf.HFSampler, "sample", "generation")
-    timer.wrap(parallel, "completion_forward", "train_forward")  # the learner's forward (CompletionModel.forward)
+    timer.wrap(logprobs, "completion_forward", "train_forward")  # the learner's forward (CompletionModel.forward)
     timer.wrap(torch.Tensor, "backward", "backward")
     timer.wrap(learner.Learner, "apply_update", "optimizer")  # clipping and the AdamW step
     prompt_tokens: list[int] = []  # real (unpadded) prompt tokens of each sample call, as TRL's script counts them

@@ -7,7 +7,8 @@ Per round: TRL --bf16 and ScaleRL precision.mode=standard (its bf16), both with 
 (`model.attn_implementation=eager`; TRL's script through bench/trl_w2_attn.py), then (for the first
 --extra-runs rounds) TRL fp32, TRL --bf16, ScaleRL standard (both with transformers' default sdpa) and
 ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
-TRL's best configuration, and the fraction of the bf16 matmul peak that each run measured itself;
+TRL's best configuration, and the fraction of the 2048² matmul peak of the dtype it ran in
+(`fraction_of_peak`) and of the bf16 peak (`fraction_of_bf16_peak`), both measured by each run itself;
 `--save` writes bench/results/w2_parity_<date>.{json,md}. Run it alone on the machine.
 """
 
@@ -54,17 +55,23 @@ def main() -> None:
             peak = max(row["matmul_2048_gflops"]["before"]["bf16"]["median"], row["matmul_2048_gflops"]["after"]["bf16"]["median"]) \
                 if framework == "trl" else row["bf16_matmul_peak_gflops"]
             row["fraction_of_bf16_peak"] = round(row["achieved_gflops"] / peak, 3)
+            bf16 = "--bf16" in extra if framework == "trl" else "fp32" not in extra
+            own = (max(row["matmul_2048_gflops"][w]["bf16" if bf16 else "fp32"]["median"] for w in ("before", "after"))
+                   if framework == "trl" else row["bf16_matmul_peak_gflops" if bf16 else "fp32_matmul_peak_gflops"])
+            row["fraction_of_peak"] = round(row["achieved_gflops"] / own, 3)  # of the 2048² peak of the dtype that ran
             results[name].append(row)
             print(json.dumps({"config": name, **{k: row[k] for k in ("seconds_per_step", "generated_tokens_per_second",
-                                                                    "achieved_gflops", "fraction_of_bf16_peak")}}), flush=True)
-    keys = ("seconds_per_step", "generated_tokens_per_second", "achieved_gflops", "fraction_of_bf16_peak", "peak_rss_mb")
+                                                                    "achieved_gflops", "fraction_of_peak", "fraction_of_bf16_peak")}}),
+                  flush=True)
+    keys = ("seconds_per_step", "generated_tokens_per_second", "achieved_gflops", "fraction_of_peak", "fraction_of_bf16_peak", "peak_rss_mb")
     medians = {name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items() if rows}
     best_trl = max((n for n in medians if n.startswith("trl")), key=lambda n: medians[n]["generated_tokens_per_second"])
-    lines = ["| config | runs | s/step | tokens/s | × TRL's best | GFLOP/s | of bf16 peak | peak RSS MB |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | runs | s/step | tokens/s | × TRL's best | GFLOP/s | of its dtype's peak | of bf16 peak | peak RSS MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, m in medians.items():
         ratio = m["generated_tokens_per_second"] / medians[best_trl]["generated_tokens_per_second"]
         lines.append(f"| {name} | {len(results[name])} | {m['seconds_per_step']:.2f} | {m['generated_tokens_per_second']:.0f} | {ratio:.2f} | "
-                     f"{m['achieved_gflops']:.0f} | {m['fraction_of_bf16_peak']:.3f} | {m['peak_rss_mb']:.0f} |")
+                     f"{m['achieved_gflops']:.0f} | {m['fraction_of_peak']:.3f} | {m['fraction_of_bf16_peak']:.3f} | {m['peak_rss_mb']:.0f} |")
     split = results["scalerl standard eager"][-1]
     lines.append(f"\nScaleRL standard eager, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
                  f"{split['split_seconds']}, {split['split_gflops']}, {split['split_fraction_of_its_dtype_peak']}")
