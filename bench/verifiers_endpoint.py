@@ -47,6 +47,7 @@ sys.path[:0] = [str(ROOT), str(Path(__file__).parent), str(ROOT / "tests" / "rol
 # ChatML made of the built-in vocabulary's characters
 import vf_count_tool
 from agent_episodes import TOOLS_TEMPLATE
+from chat_models import chat_llama, chat_tokenizer
 
 from scalerl.envs.agent import AgentConfig, AgentEnv
 from scalerl.models.logprobs import completion_forward
@@ -58,29 +59,6 @@ from scalerl.types import SamplingParams
 EPISODE = "vf_count_tool:episode"
 
 
-def chat_tokenizer():
-    """The built-in character tokenizer with ChatML's two turn tokens and TOOLS_TEMPLATE (as tests/rollout/test_chat_template.py)."""
-    from transformers import AutoTokenizer
-
-    from scalerl.models.paths import builtin_model_dir
-
-    tok = AutoTokenizer.from_pretrained(builtin_model_dir())
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = TOOLS_TEMPLATE
-    return tok
-
-
-def chat_llama(tok, seed: int = 0):
-    """A random-init Llama of `tok`'s vocabulary (as tests/rollout/test_chat_template.py)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=tok.bos_token_id)
-    return LlamaForCausalLM(config)
-
-
 def rendered(tok, messages) -> list[int]:
     return tok.apply_chat_template(messages, tools=vf_count_tool.TOOLS, add_generation_prompt=False)["input_ids"]
 
@@ -89,7 +67,7 @@ def check_episodes() -> dict:
     """(a): one batch of verifiers episodes through the endpoint; the recorded rows against verifiers' conversations."""
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=4)
     prompts = vf_count_tool.PROMPTS[:3]
-    tok = chat_tokenizer()
+    tok = chat_tokenizer(TOOLS_TEMPLATE)
     model = chat_llama(tok).eval()
     fmt = prompt_format("auto", None, tok)
     bias = torch.zeros(len(tok))
@@ -145,7 +123,7 @@ def train(steps: int, episode: str = EPISODE) -> dict:
     from scalerl.trainer.step import train_step
 
     with tempfile.TemporaryDirectory() as tmp:
-        tok = chat_tokenizer()
+        tok = chat_tokenizer(TOOLS_TEMPLATE)
         tok.save_pretrained(Path(tmp) / "model")
         chat_llama(tok).save_pretrained(Path(tmp) / "model")
         args = {"episode": episode, "tasks": [{"prompt": p} for p in vf_count_tool.PROMPTS], "eval_size": 1}

@@ -1,44 +1,17 @@
-"""env.chat_template: prompts rendered through a tokenizer's template (built here: the built-in character
-tokenizer plus ChatML-style turn tokens), system prompts, conversational rows, and completions that
+"""env.chat_template: prompts rendered through a tokenizer's template (tests/rollout/chat_models.py: the built-in
+character tokenizer plus ChatML-style turn tokens), system prompts, conversational rows, and completions that
 stop on the template's end-of-turn token."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from chat_models import chat_llama, chat_tokenizer
 from conftest import tiny_overrides
 
 from scalerl.errors import ScaleRLError
 from scalerl.rollout.chat import prompt_format
 from scalerl.types import SamplingParams, Task
-
-# ChatML's shape with spaces for newlines (the character vocabulary has no newline)
-TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
-
-
-def chat_tokenizer():
-    """The character tokenizer with its two turn tokens and the template."""
-    from transformers import AutoTokenizer
-
-    from scalerl.models.paths import builtin_model_dir
-
-    tok = AutoTokenizer.from_pretrained(builtin_model_dir())
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = TEMPLATE
-    return tok
-
-
-def chat_llama(tok, seed: int = 0):
-    """A random-init Llama of `tok`'s vocabulary."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=tok.bos_token_id)
-    return LlamaForCausalLM(config)
-
 
 def steer_head(model, tok, favour: dict[int, float], never: list[int]):
     """`model` with an LM head bias: + the given logit on the `favour` tokens, −1e4 on the `never` ones (a random

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_chat_template import TEMPLATE, chat_llama, chat_tokenizer, steer_head
+from chat_models import TEMPLATE, chat_llama, chat_tokenizer
+from test_chat_template import steer_head
 from test_multiturn import TASKS, LengthEcho, _setup
 
 from scalerl.envs.scoring import completions_of

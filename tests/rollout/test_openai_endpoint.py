@@ -9,7 +9,8 @@ import openai
 import pytest
 import torch
 from agent_episodes import TOOLS, TOOLS_TEMPLATE
-from test_chat_template import chat_llama, chat_tokenizer, steer_head
+from chat_models import chat_llama, chat_tokenizer
+from test_chat_template import steer_head
 
 from scalerl.envs.agent import AgentConfig, AgentEnv
 from scalerl.models.logprobs import completion_forward
@@ -30,8 +31,7 @@ def agent_env(episode: str, **args) -> AgentEnv:
 def served():
     """A random chat Llama whose head favours <|im_end|> (turns of a few tokens), writes <s> now and then (a
     token its reply's text does not give back) and never <|im_start|>, </s>, <unk> or <pad>; the endpoint serving it."""
-    tok = chat_tokenizer()
-    tok.chat_template = TOOLS_TEMPLATE
+    tok = chat_tokenizer(TOOLS_TEMPLATE)
     model = chat_llama(tok).eval()
     fmt = prompt_format("auto", None, tok)
     steer_head(model, tok, {fmt.end_of_turn_id(): 2.5, tok.bos_token_id: 1.5},
@@ -201,8 +201,7 @@ def test_ten_steps_of_agent_episodes_raise_the_reward_on_a_tool_task(tmp_path):
     from scalerl.trainer.setup import build_roles
     from scalerl.trainer.step import train_step
 
-    tok = chat_tokenizer()
-    tok.chat_template = TOOLS_TEMPLATE
+    tok = chat_tokenizer(TOOLS_TEMPLATE)
     tok.save_pretrained(tmp_path / "model")
     chat_llama(tok).save_pretrained(tmp_path / "model")
     args = {"episode": "agent_episodes:async_tool_episode", "tasks": [{"prompt": f"{i}*7="} for i in range(9)], "eval_size": 1}
