@@ -27,11 +27,21 @@ from scalerl.predict.time_estimate import TimeEstimator
 from scalerl.rewards.dump import write_eval_samples
 from scalerl.rewards.sources import env_has_verifier
 from scalerl.rollout.base import RolloutSide
+from scalerl.trainer import checkpoint as ckpt
 from scalerl.trainer.core_share import CoreShare
 from scalerl.trainer.health_guard import HealthGuard
 from scalerl.trainer.persist import save
 from scalerl.trainer.step import publish_weights
 from scalerl.types import ScoredBatch
+
+
+def hang_action(checkpoints: Path) -> str:
+    """What a run stopped by a silent part says it kept: the newest complete checkpoint on disk, what --resume loads.
+    Not the last save this process returned from: a peer stopped right after a checkpoint's files were complete
+    leaves this rank waiting in the save's closing barrier, with that checkpoint intact."""
+    newest = ckpt.latest_checkpoint(checkpoints)
+    return (f"the run stopped; its last checkpoint is {newest} (continue with --resume)" if newest is not None
+            else "the run stopped before any checkpoint was written")
 
 
 class Bookkeeping:
@@ -93,9 +103,7 @@ class Bookkeeping:
         step = self.state["step"]
         if not self.ctx.active and step > self.saved:
             self.save(step)
-        checkpoints = self.run_dir / "checkpoints"
-        action = (f"the run stopped; its last checkpoint is {checkpoints / f'step_{self.saved:07d}'} (continue with --resume)"
-                  if self.saved > 0 else "the run stopped before any checkpoint was written")
+        action = hang_action(self.run_dir / "checkpoints")
         self.health.log.emit(Event(step + 1, "hang", "critical", str(hung), action=action, values={"part": hung.part,
                                                                                                      "deadline_s": hang.deadline_s}))
         raise Hung(f"{hung}; {action}", part=hung.part) from err

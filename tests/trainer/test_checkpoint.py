@@ -172,3 +172,17 @@ def test_sigkill_during_a_save_leaves_a_resumable_run(runs, tmp_path, where):
     assert _without_timing(read_metrics(runs / "killed")) == _without_timing(read_metrics(runs / "straight"))
     assert json.loads((runs / "killed" / "summary.json").read_text())["pass_rate_after"] == \
         json.loads((runs / "straight" / "summary.json").read_text())["pass_rate_after"]
+
+
+def test_a_hang_names_the_newest_complete_checkpoint_on_disk(tmp_path):
+    """A peer stopped right after a checkpoint's files were complete leaves this rank in the save's closing barrier
+    (its own record of the last save not updated): the one-line error still names that intact checkpoint."""
+    from scalerl.trainer.bookkeeping import hang_action
+
+    root = tmp_path / "checkpoints"
+    assert hang_action(root) == "the run stopped before any checkpoint was written"
+    for name, complete in (("step_0000002", True), ("step_0000004", False)):  # a save's folder without its marker: partial
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / ckpt.MARKER).write_text("")
+    assert hang_action(root) == f"the run stopped; its last checkpoint is {root / 'step_0000002'} (continue with --resume)"
