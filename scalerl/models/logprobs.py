@@ -43,9 +43,10 @@ def completion_forward(
     Exact up to float rounding; it saves (n − 1)/n of the prompt positions' forward and backward.
 
     "packed" (`_packed_hidden`, sdpa or eager attention): each group becomes one sequence, its prompt's
-    real tokens followed by the real tokens of each of its completions, with a block mask (a token sees
-    the prompt and the earlier tokens of its own completion) and each completion's positions continuing
-    the prompt's. No padding is computed and the decoder runs once. Its attention costs (group length)²,
+    real tokens followed by the real tokens of each of its completions but the last (which predicts nothing
+    and which nothing attends to), with a block mask (a token sees the prompt and the earlier tokens of its
+    own completion) and each completion's positions continuing the prompt's. No padding is computed and the
+    decoder runs once. Its attention costs (group length)²,
     so `_layout` takes it only where the FLOP count of the packed batch is below that of the padded one.
     Models with soft-capped logits take the full path; gradient checkpointing (no cache in training)
     takes the full or the packed path.
@@ -177,9 +178,16 @@ def _prefix_extent(batch: Rollout) -> bool:
     return bool(prefix) and bool((batch.prompt_mask.sum(1) > 0).all())
 
 
+def _inputs(batch: Rollout) -> torch.Tensor:
+    """(B,) long: the completion-side tokens of each row that the packed layout runs: all real ones but the last, which
+    predicts nothing and which no later token of its row attends to."""
+    return (batch.completion_extent().sum(1) - 1).clamp(min=0)
+
+
 def _group_lengths(batch: Rollout, groups: torch.Tensor | None) -> torch.Tensor:
-    """(U,) long: each group's packed length, its prompt's real tokens plus its completions' real tokens."""
-    lengths = batch.completion_extent().sum(1)  # (B,)
+    """(U,) long: each group's packed length, its prompt's real tokens plus its completions' tokens that are run
+    (`_inputs`)."""
+    lengths = _inputs(batch)  # (B,)
     if groups is None:
         return batch.prompt_mask.sum(1) + lengths
     first = _group_starts(groups)
@@ -202,8 +210,8 @@ def _packed_hidden(model: torch.nn.Module, batch: Rollout) -> torch.Tensor:
     first = _group_starts(groups)  # (U,)
     U, S = len(first), int(_group_lengths(batch, groups).max())
     prompt_len = batch.prompt_mask[first].sum(1)  # (U,)
-    lengths = batch.completion_extent().sum(1)  # (B,)
-    before = lengths.cumsum(0) - lengths  # completion tokens of the rows before each row
+    lengths = _inputs(batch)  # (B,) tokens run per row: all but the last
+    before = lengths.cumsum(0) - lengths  # completion tokens run of the rows before each row
     start = prompt_len[groups] + before - before[first][groups]  # (B,) where each row's completion begins
     ids = torch.full((U, S), 0, dtype=torch.long, device=dev)
     positions = torch.zeros((U, S), dtype=torch.long, device=dev)
@@ -211,9 +219,11 @@ def _packed_hidden(model: torch.nn.Module, batch: Rollout) -> torch.Tensor:
     u, col = batch.prompt_mask[first].nonzero(as_tuple=True)  # left padded: real tokens end at column P − 1
     dest = col - (P - prompt_len[u])
     ids[u, dest], positions[u, dest], segment[u, dest] = batch.prompt_ids[first][u, col], dest, 0
-    b, t = batch.completion_extent().nonzero(as_tuple=True)
+    b, t = batch.completion_extent().nonzero(as_tuple=True)  # every real token, to be predicted
     ub, dest = groups[b], start[b] + t
-    ids[ub, dest], positions[ub, dest], segment[ub, dest] = batch.completion_ids[b, t], prompt_len[ub] + t, b + 1
+    run = t < lengths[b]  # placed in the packed sequence: all but each row's last
+    rb, rt, ru, rd = b[run], t[run], ub[run], dest[run]
+    ids[ru, rd], positions[ru, rd], segment[ru, rd] = batch.completion_ids[rb, rt], prompt_len[ru] + rt, rb + 1
     sees = torch.ones((S, S), dtype=torch.bool, device=dev).tril() & ((segment[:, None, :] == 0) | (segment[:, None, :] == segment[:, :, None]))
     if model.config._attn_implementation == "eager":  # eager adds the mask to its scores
         sees = torch.zeros(sees.shape, device=dev).masked_fill(~sees, torch.finfo(torch.float32).min)

@@ -62,6 +62,22 @@ def test_layouts_give_the_full_forward_and_its_gradients(rows, layout, attn):
     assert ((g_other - g_full).norm() / g_full.norm()).item() < 1e-5
 
 
+def test_packing_gives_the_full_forward_for_one_token_and_truncated_rows():
+    """Packing leaves out each row's last token: a completion of a single token (EOS at once) runs nothing of its
+    own, a truncated one runs all but its last; the numbers are the full forward's all the same."""
+    model, rollout = _batch()
+    T = rollout.completion_ids.shape[1]
+    extent = rollout.completion_mask.clone()
+    extent[0], extent[1] = (torch.arange(T) < 1).long(), 1  # row 0: one token; row 1: all T (truncated)
+    batch = Rollout(**{**vars(rollout), "completion_mask": extent})
+    real = extent.bool()
+    full, g_full = _run(model, batch, "full")
+    packed, g_packed = _run(model, batch, "packed")
+    torch.testing.assert_close(packed.logprobs[real], full.logprobs[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed.entropy[real], full.entropy[real], atol=1e-5, rtol=1e-5)
+    assert ((g_packed - g_full).norm() / g_full.norm()).item() < 1e-5
+
+
 def test_each_distinct_prompt_runs_once_and_packing_skips_padding():
     model, rollout = _batch()
     assert prompt_groups(rollout).tolist() == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
@@ -69,7 +85,8 @@ def test_each_distinct_prompt_runs_once_and_packing_skips_padding():
     assert prompt_groups(rollout.select(slice(0, 16, 4))) is None  # no row repeats the one before it
     P, T = rollout.prompt_ids.shape[1], rollout.completion_ids.shape[1]
     assert _positions(model, rollout, "shared") == [4 * P, 16 * T]  # 4 prompts once, then 16 completions
-    group_len = rollout.prompt_mask[::4].sum(1) + rollout.completion_extent().sum(1).view(4, 4).sum(1)
+    # each row's last real token predicts nothing: packing runs the others
+    group_len = rollout.prompt_mask[::4].sum(1) + (rollout.completion_extent().sum(1) - 1).view(4, 4).sum(1)
     assert _positions(model, rollout, "packed") == [4 * int(group_len.max())]  # one pass, 4 sequences, no padding
     assert _positions(model, rollout) == _positions(model, rollout, "packed")  # short, padded: auto packs
 
