@@ -1,14 +1,10 @@
 """Time a step's heavy parts at a given shape on this machine: what `scalerl plan` prices a target with.
 
-A probe builds the model from its config with random weights (no checkpoint is read), in the run's precision
-mode, threads and parallel strategy, and times, after one warm-up, `repeats` rounds of
+The probe itself (`run_probe`: the model built from its config with random weights, the HF sampler's decode and the
+learner's update, timed after a warm-up) lives in scalerl/trainer/step_probe.py, where precision.mode=auto uses it too;
+this module runs it in one process or several.
 
-    rollout:  the HF sampler decoding prompts × group completions of exactly L new tokens from P-token prompts
-              (random tokens; EOS masked for all L, so every row decodes L steps)
-    learn:    the learner's `learn` on that batch (rewards alternating 0/1 within each group): advantages, the
-              objective's forward (log-probs and entropy), backward, gradient sync, clipping, the AdamW step
-
-with the run's own code (`build_learner`, `HFSampler`, the strategy's wrapping and gathers). With `world` > 1
+It runs with the run's own code (`build_learner`, `HFSampler`, the strategy's wrapping and gathers). With `world` > 1
 the probe runs as that many processes on this machine (torchrun; gloo on CPU, NCCL on GPUs), each with its
 share of the run, so the strategy's collectives and the processes' contention for the machine are in the
 times. Everything that depends on the shape in ways a pilot at another shape cannot show (the FLOP/s a matmul
@@ -24,140 +20,16 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from scalerl.errors import ScaleRLError
+from scalerl.trainer.step_probe import ProbeResult, ProbeSpec, run_probe
 
-
-@dataclass(frozen=True)
-class ProbeSpec:
-    """One shape to time: `config` (the run's Config as a YAML string, with the precision mode that ran; its
-    rollout.prompts_per_step × rollout.group_size completions per process), `model` (the model's HF config as a
-    dict), the prompt and completion lengths and the processes."""
-
-    config: str
-    model: dict[str, Any] = field(hash=False)
-    prompt_len: int
-    new_tokens: int
-    world: int = 1
-
-    def key(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    rollout_s: tuple[float, ...]  # each timed round's seconds
-    learn_s: tuple[float, ...]
-    sampled: int = 0  # positions the sampler decoded (completions × new tokens) and the learner ran (prompt + completion), per process
-    trained: int = 0
-
-    @property
-    def rollout(self) -> float:
-        return statistics.median(self.rollout_s)
-
-    @property
-    def learn(self) -> float:
-        return statistics.median(self.learn_s)
-
-    def record(self) -> dict[str, Any]:
-        """What the plan reports of a probe: the medians and every round's seconds."""
-        return {"rollout_s": self.rollout, "learn_s": self.learn, "rollout_rounds_s": list(self.rollout_s), "learn_rounds_s": list(self.learn_s)}
-
-    def scatter(self) -> float:
-        """Relative half-width (≈ 95 %) of the two medians' sum: the rounds' spread over their count."""
-        total = [r + lr for r, lr in zip(self.rollout_s, self.learn_s)]
-        if len(total) < 2:
-            return 0.0
-        return 2 * statistics.stdev(total) / statistics.mean(total) / len(total) ** 0.5
-
-
-def _policy(config, model_cfg: dict[str, Any], device):
-    """The policy as `build_policy` makes it, from a config instead of a checkpoint (random weights)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from scalerl.models.loading import attention_choice
-    from scalerl.models.lora import apply_lora
-    from scalerl.precision.apply import prepare_policy, weights_dtype
-
-    cfg = AutoConfig.for_model(**model_cfg)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=weights_dtype(config.precision_policy),
-                                             attn_implementation=attention_choice(config.model.attn_implementation, device)[0])
-    if config.model.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()
-        model.config.use_cache = False
-    model = model.to(device)
-    prepare_policy(model, config.precision_policy, device)
-    if config.model.lora.enabled:
-        model = apply_lora(model, config.model.lora, config.model.gradient_checkpointing)
-    return model
-
-
-def run_probe(spec: ProbeSpec, repeats: int) -> ProbeResult:
-    """The probe in this process (rank of a torchrun group when WORLD_SIZE is set): see the module docstring."""
-    import torch
-
-    from scalerl.config import load_config
-    from scalerl.distributed.context import init_distributed, set_threads, shutdown
-    from scalerl.learner.build import build_learner
-    from scalerl.rollout.hf import HFSampler
-    from scalerl.types import Rollout, SamplingParams, ScoredBatch
-
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "config.yaml").write_text(spec.config)
-        config = load_config(Path(tmp) / "config.yaml")
-    threads = torch.get_num_threads()
-    set_threads(config.train.threads)
-    ctx = init_distributed(config.train.device)
-    try:
-        policy = _policy(config, spec.model, ctx.device)
-        learner = build_learner(config, ctx, policy)
-        eos = spec.model.get("eos_token_id")
-        eos = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
-        pad = spec.model.get("pad_token_id")
-        sampler = HFSampler(policy, pad_id=eos if pad is None else pad, eos_id=eos, device=ctx.device, autocast=learner.autocast,
-                            fp32_head=config.precision_policy.fp32_lm_head, gather=lambda: learner.parallel.gathered(learner.policy_forward))
-        vocab = int(spec.model["vocab_size"])
-        gen = torch.Generator().manual_seed(ctx.rank)
-        ro = config.rollout
-        prompts = [torch.randint(0, vocab, (spec.prompt_len,), generator=gen).tolist() for _ in range(ro.prompts_per_step)]
-        params = SamplingParams(max_new_tokens=spec.new_tokens, min_new_tokens=spec.new_tokens, n=ro.group_size,
-                                temperature=ro.temperature or 1.0, top_p=ro.top_p, top_k=ro.top_k)
-        rows = ro.prompts_per_step * ro.group_size
-        rewards = torch.tensor([float(i % 2) for i in range(rows)], device=ctx.device)
-        rollout_s, learn_s = [], []
-        for i in range(repeats + 1):
-            if ctx.active:
-                torch.distributed.barrier()
-            start = time.perf_counter()
-            rollout: Rollout = sampler.sample(prompts, params, seeds=[1000 * i + k for k in range(ro.prompts_per_step)])
-            sampled = time.perf_counter()
-            batch = ScoredBatch(rollout=rollout, rewards=rewards, task_rewards=rewards, policy_version=learner.version,
-                                prompts=[""] * rows, completions=[""] * rows, generated_tokens=rows * spec.new_tokens)
-            learner.learn(batch, i + 1)
-            sampler.sync_weights(None, learner.version)
-            if ctx.device.type == "cuda":
-                torch.cuda.synchronize()
-            done = time.perf_counter()
-            if i:
-                rollout_s.append(sampled - start)
-                learn_s.append(done - sampled)
-        learner.close()
-        sampled, trained = rollout.completion_ids.numel(), rollout.prompt_ids.numel() + rollout.completion_ids.numel()
-    finally:
-        shutdown(ctx)
-        torch.set_num_threads(threads)
-    return ProbeResult(tuple(rollout_s), tuple(learn_s), sampled, trained)
+__all__ = ["ProbeResult", "ProbeSpec", "probe", "probe_alternated", "run_probe"]
 
 
 def probe(spec: ProbeSpec, repeats: int = 3) -> ProbeResult:

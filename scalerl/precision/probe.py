@@ -9,12 +9,22 @@ half of fp32: issue 38) and on the model: at small widths autocast's per-op cast
 more than the faster matmul saves. So a short probe times the model's MLP matmul, (512 tokens × hidden)
 by (hidden × intermediate), as autocast runs it (casts of both operands included) and in fp32,
 alternately, the fastest of each (other processes only ever slow a run down: on this project's shared
-2-core EPYC a median once read 1.1 vs 1.8 GFLOP/s where the quiet machine runs 330 vs 180); bf16 is chosen
-when it is at least `MARGIN` times faster (near a tie fp32 keeps full precision). The rates are cached per machine, torch
-version, thread count and shape, in `~/.cache/scalerl/precision_probe.json` (`SCALERL_CACHE_DIR`
-moves it), so a run's later starts (a resume) choose the same without measuring again.
-`SCALERL_PRECISION_RATES=fp32:180,bf16:90` gives the rates instead of measuring them (a reproducible choice on
-a shared machine; the test suite pins fp32 this way, tests/conftest.py).
+2-core EPYC a median once read 1.1 vs 1.8 GFLOP/s where the quiet machine runs 330 vs 180). Where bf16's
+matmul is not `MARGIN` times faster, fp32 (near a tie fp32 keeps full precision). Where it is, the matmul
+alone does not decide: a small model's step is bound by per-operator costs that bf16 adds to (casts) and
+by matmuls of a few rows (a decode step's), so a single process then times the run's own step in both
+(`StepTimes`, scalerl/trainer/step_probe.py: the sampler's decode and the learner's update on random
+weights, at the run's rows, with at most `STEP_PROBE_LAYERS` of its layers; not where that step is FLOP-bound,
+there the matmul's ratio is the step's) and bf16 is chosen only when
+that step is `MARGIN` times faster. On the reference benchmark's 1M-parameter model (shared/bench) the
+matmul reads 1.36x on this project's EPYC while the whole step is ~5 % slower in bf16, and peaks 50 MB higher.
+
+Both measurements are cached per machine, torch version, thread count and shape, in
+`~/.cache/scalerl/precision_probe.json` (`SCALERL_CACHE_DIR` moves it), so a run's later starts (a resume)
+choose the same without measuring again. `SCALERL_PRECISION_RATES=fp32:180,bf16:90` gives the matmul rates
+and `SCALERL_PRECISION_STEP=fp32:0.050,bf16:0.055` the step's seconds instead of measuring them (a
+reproducible choice on a shared machine; the test suite pins fp32 this way, tests/conftest.py); with the
+first given and not the second, the matmul decides.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,16 +61,36 @@ class Rates:
         return f"bf16 {self.bf16:.1f} vs fp32 {self.fp32:.1f} GFLOP/s on a {m}x{k}x{n} matmul{' (cached)' if self.cached else ''}"
 
 
-def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int, int] | None = None) -> tuple[str, str]:
-    """(precision.mode, why) for precision.mode=auto: `rates` on a CPU (the probe's), `capability` on a GPU."""
+@dataclass(frozen=True)
+class StepTimes:
+    """Seconds of one probed step of the run's shape (scalerl/trainer/step_probe.py) in fp32 and under bf16 autocast."""
+
+    fp32: float
+    bf16: float
+    cached: bool = False
+
+    def text(self) -> str:
+        return f"fp32 {self.fp32 * 1e3:.1f} vs bf16 {self.bf16 * 1e3:.1f} ms per probed step of this run's shape{' (cached)' if self.cached else ''}"
+
+
+def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int, int] | None = None,
+                step: StepTimes | None = None) -> tuple[str, str]:
+    """(precision.mode, why) for precision.mode=auto: `rates` on a CPU (the matmul probe's) and, where the matmul
+    favours bf16, `step` (the step probe's; None: not probed, the matmul decides), `capability` on a GPU."""
     if device.type == "cuda":
         cc = f"compute capability {capability[0]}.{capability[1]}"
         if capability >= AMPERE:
             return "standard", f"{cc} has bf16 tensor cores"
         return "fp32", f"{cc}: no bf16 tensor cores"
-    if rates.bf16 >= MARGIN * rates.fp32:
+    if rates.bf16 < MARGIN * rates.fp32:
+        return "fp32", f"bf16 matmuls not faster here ({rates.text()}; bf16 needs {MARGIN:g}x)"
+    if step is None:
         return "standard", f"bf16 matmuls {rates.bf16 / rates.fp32:.2f}x faster here ({rates.text()})"
-    return "fp32", f"bf16 matmuls not faster here ({rates.text()}; bf16 needs {MARGIN:g}x)"
+    speedup = step.fp32 / step.bf16
+    if speedup >= MARGIN:
+        return "standard", f"bf16 {speedup:.2f}x faster on this run's step here ({step.text()}; matmuls {rates.bf16 / rates.fp32:.2f}x)"
+    return "fp32", (f"bf16 matmuls {rates.bf16 / rates.fp32:.2f}x faster but this run's step only {speedup:.2f}x ({step.text()}; "
+                    f"bf16 needs {MARGIN:g}x)")
 
 
 def slower_warning(mode: str, rates: Rates | None) -> str | None:
@@ -99,41 +130,76 @@ def cache_path() -> Path:
     return Path(os.environ.get("SCALERL_CACHE_DIR") or Path.home() / ".cache" / "scalerl") / "precision_probe.json"
 
 
-def _machine_key(shape: tuple[int, int, int]) -> str:
+def _machine_key(shape: tuple[int, int, int] | None) -> str:
+    """Machine, torch version, threads and the matmul's shape (None: without it)."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{platform.node()}|{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}|{'x'.join(map(str, shape))}"
+    key = f"{platform.node()}|{cpu}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    return key if shape is None else f"{key}|{'x'.join(map(str, shape))}"
 
 
-def cpu_rates(shape: tuple[int, int, int]) -> Rates:
-    """The probe's rates for this machine and shape: from the cache, or measured and cached (a cache that
-    cannot be read or written is measured around, silently: the probe is a speed hint, not state)."""
-    if given := os.environ.get("SCALERL_PRECISION_RATES"):
-        try:
-            rates = dict(part.split(":") for part in given.split(","))
-            return Rates(fp32=float(rates["fp32"]), bf16=float(rates["bf16"]), shape=shape, cached=True)
-        except (ValueError, KeyError):
-            raise ScaleRLError(f"SCALERL_PRECISION_RATES={given!r}: write fp32:<GFLOP/s>,bf16:<GFLOP/s>, e.g. fp32:180,bf16:90") from None
-    path, key = cache_path(), _machine_key(shape)
+def _given(name: str, unit: str, example: str) -> dict[str, float] | None:
+    """{"fp32": x, "bf16": y} from the environment variable `name` (fp32:X,bf16:Y), or None when it is not set."""
+    if not (given := os.environ.get(name)):
+        return None
+    try:
+        values = dict(part.split(":") for part in given.split(","))
+        return {"fp32": float(values["fp32"]), "bf16": float(values["bf16"])}
+    except (ValueError, KeyError):
+        raise ScaleRLError(f"{name}={given!r}: write fp32:<{unit}>,bf16:<{unit}>, e.g. {example}") from None
+
+
+def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None]) -> tuple[float, float, bool] | None:
+    """(fp32, bf16, cached): from the cache under `key`, or measured and cached; None where `measure_both` could not
+    measure (nothing is cached then). A cache that cannot be read or written is measured around, silently: the
+    probe is a speed hint, not state."""
+    path = cache_path()
     try:
         entry = json.loads(path.read_text())[key]
-        return Rates(fp32=entry["fp32"], bf16=entry["bf16"], shape=shape, cached=True)
+        return entry["fp32"], entry["bf16"], True
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    rates = measure(shape)
+    if (measured := measure_both()) is None:
+        return None
+    fp32, bf16 = measured
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             table = json.loads(path.read_text())
         except (OSError, ValueError):
             table = {}
-        table[key] = {"fp32": rates.fp32, "bf16": rates.bf16, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        table[key] = {"fp32": fp32, "bf16": bf16, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(table, indent=1))
         tmp.replace(path)
     except OSError:
         pass
-    return rates
+    return fp32, bf16, False
+
+
+def cpu_rates(shape: tuple[int, int, int]) -> Rates:
+    """The matmul probe's rates for this machine and shape: given (SCALERL_PRECISION_RATES), cached or measured."""
+    if (given := _given("SCALERL_PRECISION_RATES", "GFLOP/s", "fp32:180,bf16:90")) is not None:
+        return Rates(fp32=given["fp32"], bf16=given["bf16"], shape=shape, cached=True)
+
+    def both() -> tuple[float, float]:
+        rates = measure(shape)
+        return rates.fp32, rates.bf16
+
+    fp32, bf16, cached = _cached(_machine_key(shape), both)
+    return Rates(fp32=fp32, bf16=bf16, shape=shape, cached=cached)
+
+
+def cpu_step_times(shape_key: str, measure_both: Callable[[], tuple[float, float] | None]) -> StepTimes | None:
+    """The step probe's seconds (fp32, bf16) for this machine and the run's shape (`shape_key`): given
+    (SCALERL_PRECISION_STEP), cached, or measured by `measure_both` (None: it could not probe; then None).
+    None too where only SCALERL_PRECISION_RATES is given: the pinned matmul rates decide."""
+    if (given := _given("SCALERL_PRECISION_STEP", "seconds", "fp32:0.050,bf16:0.055")) is not None:
+        return StepTimes(fp32=given["fp32"], bf16=given["bf16"], cached=True)
+    if os.environ.get("SCALERL_PRECISION_RATES"):
+        return None
+    found = _cached(f"step|{_machine_key(None)}|{shape_key}", measure_both)
+    return None if found is None else StepTimes(*found)

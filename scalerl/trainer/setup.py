@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 import yaml
@@ -27,13 +28,21 @@ from scalerl.models.build import build_policy
 from scalerl.models.loading import attention_choice, attention_used, load_tokenizer
 from scalerl.models.paths import resolve_model_path
 from scalerl.precision.apply import check_precision
-from scalerl.precision.probe import choose_mode, cpu_rates, probe_shape, slower_warning
+from scalerl.precision.probe import (
+    MARGIN,
+    choose_mode,
+    cpu_rates,
+    cpu_step_times,
+    probe_shape,
+    slower_warning,
+)
 from scalerl.rollout.async_rollout import AsyncRollout, ProducerProcess
 from scalerl.rollout.base import RolloutSide
 from scalerl.rollout.build import build_rollout
 from scalerl.rollout.chat import prompt_format
 from scalerl.trainer.run_lock import LOCK_FILE, RunLock
 from scalerl.trainer.step import publish_weights
+from scalerl.trainer.step_probe import precision_step_probe
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +65,33 @@ def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | N
     else:
         if mode not in ("auto", "standard", "compressed"):
             return config, None, None
-        rates = cpu_rates(probe_shape(*model_widths(config)))
+        model = model_config(config)
+        rates = cpu_rates(probe_shape(*model_widths(model)))
         if mode != "auto":
             return config, None, slower_warning(mode, rates)
-        chosen, why = choose_mode(ctx.device, rates)
+        step = None  # where bf16's matmul is faster, one process times the run's own step (several: the matmul decides)
+        if rates.bf16 >= MARGIN * rates.fp32 and model is not None and ctx.world_size == 1:
+            step = cpu_step_times(*precision_step_probe(config, model, ctx.device, rates.fp32))
+        chosen, why = choose_mode(ctx.device, rates, step=step)
     chosen, why = ctx.gather_lists([(chosen, why)])[0]  # one choice for every rank: rank 0's
     return config.with_precision_mode(chosen), f"precision.mode=auto: {why}", None
 
 
-def model_widths(config: Config) -> tuple[int, int]:
-    """(hidden, MLP width) of the policy, from its config.json, for the precision probe; 2048² where it cannot be read
-    (a hub id not yet downloaded: the load that follows reports that)."""
+def model_config(config: Config) -> dict | None:
+    """The policy's config.json as a dict, for the precision probes; None where it cannot be read (a hub id not yet
+    downloaded: the load that follows reports that)."""
     from transformers import AutoConfig
 
     try:
-        cfg = AutoConfig.from_pretrained(resolve_model_path(config.model.path), trust_remote_code=config.model.trust_remote_code)
+        return AutoConfig.from_pretrained(resolve_model_path(config.model.path), trust_remote_code=config.model.trust_remote_code).to_dict()
     except (OSError, ValueError):
-        return 2048, 2048
-    hidden = getattr(cfg, "hidden_size", None) or 2048
-    return hidden, getattr(cfg, "intermediate_size", None) or 4 * hidden
+        return None
+
+
+def model_widths(model: dict | None) -> tuple[int, int]:
+    """(hidden, MLP width) of the policy for the matmul probe; 2048² where its config could not be read."""
+    hidden = (model or {}).get("hidden_size") or 2048
+    return hidden, (model or {}).get("intermediate_size") or 4 * hidden
 
 
 def check_run_dir(config: Config, resume: bool, overwrite: bool = False, lock: RunLock | None = None) -> Path:

@@ -71,3 +71,56 @@ def test_the_probe_is_cached_per_machine(monkeypatch, tmp_path):
     assert (tmp_path / "precision_probe.json").is_file()
     monkeypatch.setenv("SCALERL_PRECISION_RATES", "fp32:180,bf16:90")  # given, not measured
     assert probe.cpu_rates((1, 2, 3)) == Rates(fp32=180.0, bf16=90.0, shape=(1, 2, 3), cached=True) and len(calls) == 2
+
+
+def test_where_the_matmul_favours_bf16_the_runs_step_decides():
+    """The reference benchmark's model on this project's EPYC: the matmul reads 1.36x, the whole step is slower in bf16."""
+    matmul = Rates(fp32=150.0, bf16=204.0, shape=(512, 128, 512))
+    slower = probe.StepTimes(fp32=0.050, bf16=0.053)
+    assert choose_mode(CPU, matmul, step=slower) == (
+        "fp32", "bf16 matmuls 1.36x faster but this run's step only 0.94x (fp32 50.0 vs bf16 53.0 ms per probed step of this run's "
+                "shape; bf16 needs 1.1x)")
+    assert choose_mode(CPU, matmul, step=probe.StepTimes(fp32=2.0, bf16=1.0))[0] == "standard"
+    assert choose_mode(CPU, SLOW_BF16, step=probe.StepTimes(fp32=2.0, bf16=1.0))[0] == "fp32"  # the matmul already says no
+
+
+def test_auto_resolves_by_the_step_probe_injected(monkeypatch, tmp_path):
+    """SCALERL_PRECISION_STEP gives the step's seconds: with the matmul 4.3x faster in bf16 and the step 10 % slower,
+    auto runs fp32 and says why; several processes take the matmul's word (nothing probed)."""
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
+    config, why, _ = setup.resolve_precision(load_config(overrides={"log.run_dir": str(tmp_path)}), DistContext())
+    assert config.precision.mode == "fp32" and why.startswith("precision.mode=auto: bf16 matmuls 4.30x faster but this run's step only 0.91x")
+    monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.025")
+    assert setup.resolve_precision(load_config(), DistContext())[0].precision.mode == "standard"
+    monkeypatch.setattr(setup, "precision_step_probe", lambda *a: pytest.fail("several processes must not probe the step"))
+    monkeypatch.setattr(DistContext, "gather_lists", lambda self, items: items)
+    assert setup.resolve_precision(load_config(), DistContext(world_size=2))[0].precision.mode == "standard"
+
+
+def test_the_step_probe_times_the_runs_step_in_both_precisions_and_is_cached(monkeypatch, tmp_path):
+    """The real step probe on the built-in model: the run's rows, 2 layers, fp32 and bf16 autocast alternately (the
+    learner's precision as built), a time for each, cached per machine and shape."""
+    from scalerl.trainer import step_probe
+
+    monkeypatch.delenv("SCALERL_PRECISION_RATES")
+    monkeypatch.setenv("SCALERL_CACHE_DIR", str(tmp_path))
+    seen = []
+    real = step_probe.run_probe
+
+    def spy(spec, repeats, ctx):
+        seen.append((yaml.safe_load(spec.config)["precision"]["mode"], spec.model["num_hidden_layers"], repeats))
+        return real(spec, repeats, ctx)
+
+    monkeypatch.setattr(step_probe, "run_probe", spy)
+    config = load_config(overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 4, "train.threads": 1})
+    model = setup.model_config(config)
+    shape, measure = step_probe.precision_step_probe(config, model, CPU, 150.0)
+    assert "rows 2x2" in shape and "new 4" in shape
+    first = probe.cpu_step_times(shape, measure)
+    assert seen == [("fp32", 2, 2), ("standard", 2, 2)] * 2
+    assert not first.cached and first.fp32 > 0 and first.bf16 > 0
+    assert probe.cpu_step_times(shape, measure) == probe.StepTimes(first.fp32, first.bf16, cached=True) and len(seen) == 4
+    # 4 rows x 20 positions of 2 layers at hidden 1024 (~16 GFLOP) take 1.6 s of matmuls at 10 GFLOP/s: FLOP-bound, not probed
+    big = {**model, "hidden_size": 1024, "intermediate_size": 4096}
+    assert probe.cpu_step_times(*step_probe.precision_step_probe(config, big, CPU, 10.0)) is None and len(seen) == 4
