@@ -45,7 +45,7 @@ def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: to
             from scalerl.rollout.hf import HFSampler
 
             return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=stop_ids or tokenizer.eos_token_id, device=device,
-                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather)
+                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather, decode=config.rollout.decode)
         case "vllm":
             return build_vllm_sampler(config, policy, tokenizer, device, stop_ids, run_dir)
     raise ScaleRLError(f"rollout.engine: unknown engine {config.rollout.engine!r}")

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import time
-from typing import Callable, ContextManager, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import ContextManager
 
 import torch
 
 from scalerl.errors import ScaleRLError
 from scalerl.models.logprobs import head_logits, head_not_fp32
+from scalerl.rollout.static_decode import StaticDecoder, unsupported
 from scalerl.types import Rollout, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,17 +105,24 @@ class HFSampler:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int | Sequence[int], device: torch.device,
                  autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True,
-                 gather: Callable[[], ContextManager] | None = None):
+                 gather: Callable[[], ContextManager] | None = None, decode: str = "auto"):
         """`autocast`: the learner's compute precision (a context factory, e.g. bf16 autocast), so that
         sampling runs in it too; `fp32_head`: the LM head's matmul and the softmax in float32 whatever
         the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`); `gather`: a
-        context factory in which a sharded model's full weights are readable (FSDP2's all-gather)."""
+        context factory in which a sharded model's full weights are readable (FSDP2's all-gather);
+        `decode` (rollout.decode): "auto" decodes on a static KV cache (scalerl/rollout/static_decode.py) where
+        the model allows, "hf" with the model's forward, "compiled" the static step compiled."""
         # eos_id: EOS, or the tokens that end a completion (EOS and a chat template's end-of-turn token)
         stops = [eos_id] if isinstance(eos_id, int) else list(eos_id)
         self.model, self.pad_id, self.eos_id, self.device = model, pad_id, stops[0], device
         self.stop_ids = torch.tensor(stops, dtype=torch.long, device=device)
         self.autocast, self.fp32_head = autocast or contextlib.nullcontext, fp32_head
         self.gather = gather or contextlib.nullcontext
+        if decode not in ("auto", "hf", "compiled"):
+            raise ValueError(f"HFSampler: decode={decode!r}; use auto, hf or compiled")
+        self.decode = decode
+        self._static: StaticDecoder | None = None  # kept across generations of one shape
+        self._warned = False
         self._version = 0
         self.decode_clock = DecodeClock()
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
@@ -176,6 +188,30 @@ class HFSampler:
         out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
         return getattr(out, self._cache_arg), head_logits(self.model, out.last_hidden_state[:, -1], fp32_head=True)
 
+    def _static_decoder(self, cache, mask: torch.Tensor, first_positions: torch.Tensor, new_tokens: int) -> StaticDecoder | None:
+        """The static-cache decoder loaded with this generation's prompt (`decode` auto or compiled and the model
+        allows), or None. Its buffers are kept for the next generation of the same shape."""
+        if self.decode == "hf" or new_tokens < 1 or not getattr(cache, "layers", None):
+            return None
+        rows, capacity = mask.shape[0], mask.shape[1] + new_tokens
+        if (why := unsupported(self.model, capacity)) is not None:
+            if self.decode == "compiled" and not self._warned:
+                log.warning("rollout.decode=compiled: %s; decoding with the model's forward", why)
+                self._warned = True
+            return None
+        dtype = cache.layers[0].keys.dtype
+        if self._static is None or not self._static.fits(rows, capacity, dtype):
+            self._static = None  # the old buffers go before the new ones are allocated
+            self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=self.decode == "compiled")
+        self._static.load(cache, mask, first_positions)
+        return self._static
+
+    def _head(self, hidden: torch.Tensor, own_head: bool) -> torch.Tensor:
+        """(B, V) float32 logits of final hidden states (B, H), as `_next_logits` computes them."""
+        if own_head:
+            return self.model.get_output_embeddings()(hidden).float()
+        return head_logits(self.model, hidden, fp32_head=True)
+
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, params: SamplingParams,
                 uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(completion (B, T), sampler log-probs (B, T), finished (B,)) for the (P, L) left-padded prompts."""
@@ -190,6 +226,7 @@ class HFSampler:
             mask, positions, logits = (x.repeat_interleave(n, dim=0) for x in (mask, positions, logits))
         B = logits.shape[0]
         next_pos = positions[:, -1:] + 1  # (B, 1)
+        static = self._static_decoder(past, mask, next_pos[:, 0], params.max_new_tokens - 1)
         attn = mask
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps = [], []
@@ -214,8 +251,13 @@ class HFSampler:
                 self.decode_clock.add(context, now - synced)
             if done:
                 break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
-            synced, context = now, attn.shape[1]
-            past, logits = self._next_logits(token[:, None], attn, next_pos, past, own_head)
+            synced = now
+            if static is not None:
+                context = static.length + 1
+                logits = self._head(static.step(token), own_head)
+            else:
+                attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
+                context = attn.shape[1]
+                past, logits = self._next_logits(token[:, None], attn, next_pos, past, own_head)
             next_pos = next_pos + 1
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

@@ -1,0 +1,143 @@
+"""The HF engine's decode steps on a static KV cache, without the model's per-call machinery (rollout.decode).
+
+Transformers' forward does, for every decoded token, what a decode loop that knows its batch needs once: it builds
+a 4-D mask from the 2-D one, grows a DynamicCache by a `torch.cat` per layer (the whole cache copied each token),
+validates keyword arguments and wraps outputs. `StaticDecoder` keeps each layer's keys and values in buffers
+allocated once for the longest completion, writes each token's in place, and runs the decoder layers' own modules
+(norms, projections, the model's rotary embedding and its `apply_rotary_pos_emb`, the MLP: LoRA adapters and
+autocast act on them as on the model's forward) with `scaled_dot_product_attention` over the buffers and a padding
+mask it extends by one column per token. The numbers are the model's own to float round-off (tests/rollout/
+test_static_decode.py samples the same tokens).
+
+`python bench/static_decode.py --rounds 9 --compiled --save` on this project's 2-core EPYC, 2026-12-07
+(bench/results/static_decode_2026-12-07.json; random weights, every row decoding its whole length): a generation at
+the reference benchmark's shape (W1: hidden 128, 64 rows, 8 tokens, fp32) 29.4 ms with the model's forward, 25.1 ms
+here (1.17x); at W2's (hidden 512, 128 rows, 32 tokens, bf16 autocast, eager attention) 1.38 s and 1.27 s (1.09x).
+`compiled` runs the step (fixed shapes: attention over the whole buffer, the mask hiding the columns not yet
+written; buffers a multiple of BUCKET long, so prompts of other lengths reuse the graph) through `torch.compile`
+once per batch shape: 4-15 s on this CPU, for 1.5-1.7x at W1 and 1.29x at W2 with eager attention (0.87x with
+sdpa's); it pays for itself after ~320-840 generations at W1 and ~32 at W2, so `auto` does not compile.
+
+Families whose decoder layers are Llama's (llama, mistral, qwen2, qwen3: pre-norm, rotary, optional q/k norms and
+biases); others, sliding windows shorter than the sequence, or attention other than sdpa/eager take the model's forward.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def unsupported(model: torch.nn.Module, total: int) -> str | None:
+    """Why `model` cannot decode here (None: it can), for sequences of up to `total` positions."""
+    config = model.config
+    if getattr(config, "model_type", None) not in FAMILIES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {', '.join(FAMILIES)}"
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return f"attention {config._attn_implementation!r}"
+    decoder = model.get_decoder()
+    for layer in decoder.layers:
+        window = getattr(layer.self_attn, "sliding_window", getattr(config, "sliding_window", None))
+        if window is not None and window < total:
+            return f"a sliding window of {window} positions, shorter than {total}"
+    return None
+
+
+BUCKET = 16  # the compiled step's buffers are a multiple of this long: prompts of other lengths reuse its graph
+
+
+class StaticDecoder:
+    """Decode steps on KV buffers that are kept across generations of the same shape (`fits`, `load`)."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, capacity: int, dtype: torch.dtype, device: torch.device, *,
+                 compiled: bool = False):
+        """Buffers for `rows` sequences of up to `capacity` positions (rounded up to BUCKET when `compiled`)."""
+        self.decoder = model.get_decoder()
+        attn = self.decoder.layers[0].self_attn
+        kv_heads, head_dim = attn.config.num_key_value_heads, attn.head_dim
+        self.capacity = -(-capacity // BUCKET) * BUCKET if compiled else capacity
+        shape = (rows, kv_heads, self.capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
+        self.mask = torch.zeros((rows, 1, 1, self.capacity), dtype=torch.bool, device=device)
+        self.length = 0  # columns written
+        self.rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.gqa = attn.config.num_attention_heads != kv_heads
+        self.eager = attn.config._attn_implementation == "eager"
+        self.compiled = compiled
+        self._step: Callable = torch.compile(self._forward, dynamic=False) if compiled else self._forward
+
+    def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
+        return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype \
+            and (self.compiled or capacity == self.capacity)
+
+    @torch.no_grad()
+    def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor) -> None:
+        """Start a generation from the model's cache after the prompt (one row per sampled completion), its padding
+        mask `mask` (B, P) long and the position of each row's first new token `first_positions` (B,). The rotary
+        embedding of every position the generation can reach is computed here at once, by the model's own module
+        (elementwise in the position: the same numbers as one call per token)."""
+        P = mask.shape[1]
+        for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
+            keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
+        self.mask.zero_()
+        self.mask[:, 0, 0, :P] = mask.bool()
+        self.start = self.length = P
+        positions = first_positions[:, None] + torch.arange(self.capacity - P, device=mask.device)  # (B, new tokens)
+        probe = self.decoder.embed_tokens.weight[:1]  # the rotary module takes its dtype from its input
+        self.cos, self.sin = self.decoder.rotary_emb(probe, positions)  # (B, new tokens, D)
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, H) final hidden state after the decoder's final norm, for the next token of each row, `tokens` (B,);
+        its keys and values are written to the next column."""
+        i, c = self.length - self.start, self.length
+        self.mask[:, 0, 0, c] = True
+        self.length += 1
+        cos, sin = self.cos[:, i:i + 1], self.sin[:, i:i + 1]
+        if self.compiled:  # fixed shapes: the column as a tensor, attention over the whole buffer
+            return self._step(tokens[:, None], cos, sin, torch.tensor([c], device=tokens.device), self.mask)
+        return self._step(tokens[:, None], cos, sin, c, self.mask[..., : c + 1])
+
+    def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, column: int | torch.Tensor,
+                 visible: torch.Tensor) -> torch.Tensor:
+        decoder = self.decoder
+        x = decoder.embed_tokens(ids)  # (B, 1, H)
+        B = x.shape[0]
+        width = visible.shape[-1]
+        for i, layer in enumerate(decoder.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(B, 1, -1, attn.head_dim)
+            k = attn.k_proj(h).view(B, 1, -1, attn.head_dim)
+            if hasattr(attn, "q_norm"):  # qwen3: RMSNorm per head before the rotation
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = self.rotary(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            v = attn.v_proj(h).view(B, 1, -1, attn.head_dim).transpose(1, 2)
+            keys, values = self.keys[i], self.values[i]
+            if isinstance(column, int):
+                keys[:, :, column:column + 1], values[:, :, column:column + 1] = k, v
+            else:
+                keys.index_copy_(2, column, k.to(keys.dtype))
+                values.index_copy_(2, column, v.to(values.dtype))
+            o = self._attend(q, keys[:, :, :width], values[:, :, :width], visible, attn.scaling)
+            x = x + attn.o_proj(o.transpose(1, 2).reshape(B, 1, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return decoder.norm(x)[:, 0]
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+        """(B, heads, 1, D): the model's attention implementation's arithmetic, sdpa's kernel or eager's two matmuls
+        with the softmax in float32 (bench/static_decode.py measures both)."""
+        if not self.eager:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=self.gqa)
+        if self.gqa:  # repeat each key/value head for its group of query heads
+            keys, values = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (keys, values))
+        scores = torch.matmul(q, keys.transpose(2, 3)) * scale
+        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(weights, values)

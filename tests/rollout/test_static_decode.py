@@ -1,0 +1,82 @@
+"""rollout.decode (scalerl/rollout/static_decode.py): decoding on a static KV cache gives the model's own forward's
+tokens and log-probs, for every family it takes (llama, mistral, qwen2's biases, qwen3's q/k norms, grouped-query
+attention, sdpa and eager arithmetic), keeps its buffers across generations of one shape, and leaves what it cannot
+do (another family, a short sliding window) to the model's forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from scalerl.rollout.hf import HFSampler
+from scalerl.rollout.static_decode import unsupported
+from scalerl.types import SamplingParams
+
+PROMPTS = [[1, 5, 6, 14, 7, 9, 15], [1, 5, 14, 7, 15], [1, 9, 9, 14, 9, 9, 15]]  # left padding differs between rows
+SMALL = dict(vocab_size=24, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _model(model_type: str, attn: str = "sdpa", **extra) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+def _sample(model, decode: str, params: SamplingParams, autocast=None, sampler: HFSampler | None = None):
+    sampler = sampler or HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode=decode, autocast=autocast)
+    return sampler.sample(PROMPTS, params, seeds=[11, 12, 13]), sampler
+
+
+@pytest.mark.parametrize("model_type, extra", [("llama", {}), ("mistral", {}), ("qwen2", {}), ("qwen3", {"head_dim": 8})])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_the_static_cache_samples_the_models_own_tokens(model_type, extra, attn):
+    model = _model(model_type, attn, **extra)
+    if model_type == "qwen2":  # its q/k/v biases (zero at init) must count
+        for layer in model.get_decoder().layers:
+            torch.nn.init.normal_(layer.self_attn.q_proj.bias, std=0.5)
+            torch.nn.init.normal_(layer.self_attn.k_proj.bias, std=0.5)
+    assert unsupported(model, 32) is None
+    params = SamplingParams(max_new_tokens=12, min_new_tokens=12, temperature=1.0, n=4)  # 12 decode steps, no early stop
+    own, _ = _sample(model, "hf", params)
+    static, sampler = _sample(model, "auto", params)
+    assert sampler._static is not None and sampler._static.length == own.prompt_ids.shape[1] + 11  # it decoded
+    assert torch.equal(static.completion_ids, own.completion_ids)
+    torch.testing.assert_close(static.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_under_bf16_autocast_it_runs_the_same_arithmetic():
+    model = _model("llama", "eager")
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, n=1)  # greedy
+    own, _ = _sample(model, "hf", params, autocast)
+    static, sampler = _sample(model, "auto", params, autocast)
+    assert sampler._static is not None
+    assert torch.equal(static.completion_ids, own.completion_ids)
+    torch.testing.assert_close(static.sampler_logprobs, own.sampler_logprobs, atol=2e-2, rtol=2e-2)
+
+
+def test_buffers_are_kept_for_generations_of_one_shape():
+    model = _model("llama")
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
+    _, sampler = _sample(model, "auto", params)
+    buffers = sampler._static.keys[0]
+    again, _ = _sample(model, "auto", params, sampler=sampler)
+    assert sampler._static.keys[0] is buffers  # reused, not reallocated
+    fresh, _ = _sample(model, "hf", params)
+    assert torch.equal(again.completion_ids, fresh.completion_ids)  # a reused buffer holds nothing of the last generation
+    sampler.sample(PROMPTS[:1], params, seeds=[5])  # other rows: new buffers
+    assert sampler._static.keys[0] is not buffers and sampler._static.keys[0].shape[0] == 2
+
+
+def test_what_it_cannot_do_goes_to_the_models_forward():
+    short_window = _model("mistral", sliding_window=8)
+    assert unsupported(short_window, 20) == "a sliding window of 8 positions, shorter than 20"
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=2)
+    static, sampler = _sample(short_window, "auto", params)
+    assert sampler._static is None
+    assert torch.equal(static.completion_ids, _sample(short_window, "hf", params)[0].completion_ids)
+    assert "is not one of" in unsupported(_model("gpt2", n_embd=32, n_layer=2, n_head=4), 20)
+    with pytest.raises(ValueError, match="decode='static'; use auto, hf or compiled"):
+        HFSampler(short_window, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="static")
