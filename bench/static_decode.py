@@ -37,7 +37,7 @@ SHAPES = {
 def _prompts(count: int) -> list[list[int]]:
     """`a+b=` prompts in the reference tokenizer's ids (BOS 1, digits 4-13, + 14, = 15)."""
     rng = random.Random(0)
-    digits = lambda x: [4 + int(c) for c in str(x)]  # noqa: E731
+    digits = lambda x: [4 + int(c) for c in str(x)]
     return [[1, *digits(rng.randint(0, 99)), 14, *digits(rng.randint(0, 99)), 15] for _ in range(count)]
 
 

@@ -48,7 +48,7 @@ def test_the_static_cache_samples_the_models_own_tokens(model_type, extra, attn)
 
 def test_under_bf16_autocast_it_runs_the_same_arithmetic():
     model = _model("llama", "eager")
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
     params = SamplingParams(max_new_tokens=8, temperature=0.0, n=1)  # greedy
     own, _ = _sample(model, "hf", params, autocast)
     static, sampler = _sample(model, "auto", params, autocast)
