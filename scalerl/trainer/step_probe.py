@@ -16,7 +16,11 @@ mode, threads and parallel strategy, and times, after one warm-up, `repeats` rou
 from __future__ import annotations
 
 import json
+import logging
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scalerl.distributed.context import DistContext
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ProbeSpec:
@@ -163,42 +168,73 @@ STEP_PROBE_NEW_TOKENS = 8
 FLOP_BOUND_S = 0.25
 
 
+# config.json keys that name or date a model rather than shape it: left out of the probe's cache key
+NOT_SHAPE = ("_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "auto_map")
+
+
 def precision_step_probe(config, model: dict[str, Any], device, fp32_gflops: float) -> tuple[str, Any]:
-    """(shape key, measure) for precision.mode=auto's step probe: `measure()` times the run's step (`run_probe`, one
-    process on `device`) with `model`'s first STEP_PROBE_LAYERS layers, the run's rollout.prompts_per_step ×
-    rollout.group_size rows, a STEP_PROBE_PROMPT-token prompt and at most STEP_PROBE_NEW_TOKENS new tokens, in fp32
-    and in `standard` (bf16 autocast), alternately (2 rounds of a warm-up and 2 timed steps each), and returns the
-    fastest step of each (other processes only ever slow a step down); the rollout is left out where the run samples
-    with vLLM. It returns None without probing where that step is FLOP-bound (FLOP_BOUND_S of matmuls at
-    `fp32_gflops`, the matmul probe's rate): there the matmul's ratio is the step's."""
+    """(shape key, measure) for precision.mode=auto's step probe: `measure()` times the run's step (`time_modes`, in a
+    child process, so that neither the probe's memory nor its random draws stay in the run's) with `model`'s first
+    STEP_PROBE_LAYERS layers, the run's rollout.prompts_per_step × rollout.group_size rows, a STEP_PROBE_PROMPT-token
+    prompt and at most STEP_PROBE_NEW_TOKENS new tokens, in fp32 and in `standard` (bf16 autocast), and returns the
+    fastest step of each; the rollout is left out where the run samples with vLLM. It returns None without probing
+    where that step is FLOP-bound (FLOP_BOUND_S of matmuls at `fp32_gflops`, the matmul probe's rate; there the
+    matmul's ratio is the step's) or where the child fails (the matmul decides then too)."""
     from scalerl.config.load import dump_config, with_overrides
-    from scalerl.distributed.context import DistContext
 
     model = {**model, "num_hidden_layers": min(int(model.get("num_hidden_layers") or 1), STEP_PROBE_LAYERS)}
     new_tokens = min(config.rollout.max_new_tokens, STEP_PROBE_NEW_TOKENS)
     rows = config.rollout.prompts_per_step * config.rollout.group_size
     learn_only = config.rollout.engine != "hf"
-    shape = (f"{json.dumps(model, sort_keys=True, default=str)}|rows {config.rollout.prompts_per_step}x{config.rollout.group_size}"
-             f"|prompt {STEP_PROBE_PROMPT}|new {new_tokens}|lora {config.model.lora.enabled}|checkpointing {config.model.gradient_checkpointing}"
-             f"|{'learn' if learn_only else 'rollout+learn'}")
+    shape = (f"{json.dumps({k: v for k, v in model.items() if k not in NOT_SHAPE}, sort_keys=True, default=str)}"
+             f"|rows {config.rollout.prompts_per_step}x{config.rollout.group_size}|prompt {STEP_PROBE_PROMPT}|new {new_tokens}"
+             f"|lora {config.model.lora.enabled}|checkpointing {config.model.gradient_checkpointing}|{'learn' if learn_only else 'rollout+learn'}")
 
     def measure() -> tuple[float, float] | None:
         if 6 * _probe_params(model) * rows * (STEP_PROBE_PROMPT + new_tokens) / (fp32_gflops * 1e9) > FLOP_BOUND_S:
             return None
-        ctx = DistContext(rank=0, world_size=1, local_rank=0, device=device)
-        specs = {mode: ProbeSpec(config=dump_config(with_overrides(config, {"precision.mode": mode, "parallel.strategy": "none",
-                                                                                 "train.device": device.type})),
-                                 model=model, prompt_len=STEP_PROBE_PROMPT, new_tokens=new_tokens)
+        specs = {mode: asdict(ProbeSpec(config=dump_config(with_overrides(config, {"precision.mode": mode, "parallel.strategy": "none",
+                                                                                        "train.device": device.type})),
+                                        model=model, prompt_len=STEP_PROBE_PROMPT, new_tokens=new_tokens))
                  for mode in ("fp32", "standard")}
-        best = {mode: float("inf") for mode in specs}
-        for _ in range(2):
-            for mode, spec in specs.items():
-                result = run_probe(spec, 2, ctx)
-                steps = result.learn_s if learn_only else [r + lr for r, lr in zip(result.rollout_s, result.learn_s)]
-                best[mode] = min(best[mode], *steps)
-        return best["fp32"], best["standard"]
+        with tempfile.TemporaryDirectory() as tmp:
+            job, out = Path(tmp) / "probe.json", Path(tmp) / "times.json"
+            job.write_text(json.dumps({"specs": specs, "learn_only": learn_only, "device": str(device)}))
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")]))}
+            done = subprocess.run([sys.executable, "-m", "scalerl.trainer.step_probe", str(job), str(out)], capture_output=True, text=True,
+                                  env=env, check=False)
+            if done.returncode != 0 or not out.is_file():
+                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                log.warning("precision.mode=auto: the step probe failed (%s); the matmul probe decides", tail[:200])
+                return None
+            times = json.loads(out.read_text())
+        return times["fp32"], times["standard"]
 
     return shape, measure
+
+
+def time_modes(specs: dict[str, ProbeSpec], learn_only: bool, device) -> dict[str, float]:
+    """The fastest probed step (rollout + learn, or learn alone) of each spec, in one process on `device`: the specs in
+    turn, 2 rounds of a warm-up and 2 timed steps each (other processes only ever slow a step down)."""
+    from scalerl.distributed.context import DistContext
+
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=device)
+    best = {mode: float("inf") for mode in specs}
+    for _ in range(2):
+        for mode, spec in specs.items():
+            result = run_probe(spec, 2, ctx)
+            steps = result.learn_s if learn_only else [r + lr for r, lr in zip(result.rollout_s, result.learn_s)]
+            best[mode] = min(best[mode], *steps)
+    return best
+
+
+def main(argv: list[str]) -> None:
+    """`python -m scalerl.trainer.step_probe JOB.json OUT.json`: `time_modes` of JOB's specs, written to OUT."""
+    import torch
+
+    job = json.loads(Path(argv[0]).read_text())
+    specs = {mode: ProbeSpec(**spec) for mode, spec in job["specs"].items()}
+    Path(argv[1]).write_text(json.dumps(time_modes(specs, job["learn_only"], torch.device(job["device"]))))
 
 
 def _probe_params(model: dict[str, Any]) -> int:
@@ -207,3 +243,7 @@ def _probe_params(model: dict[str, Any]) -> int:
     m = int(model.get("intermediate_size") or 4 * h)
     embeddings = vocab * h * (1 if model.get("tie_word_embeddings") else 2)
     return embeddings + int(model.get("num_hidden_layers") or 1) * (4 * h * h + 3 * h * m)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -4,12 +4,15 @@ and why on the start line; an explicit bf16 mode slower than fp32 here warned ab
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
 import yaml
 
 from conftest import tiny_overrides
 from scalerl.config import load_config
+from scalerl.config.load import dump_config, with_overrides
 from scalerl.distributed.context import DistContext
 from scalerl.precision import probe
 from scalerl.precision.probe import Rates, choose_mode, slower_warning
@@ -99,28 +102,44 @@ def test_auto_resolves_by_the_step_probe_injected(monkeypatch, tmp_path):
 
 
 def test_the_step_probe_times_the_runs_step_in_both_precisions_and_is_cached(monkeypatch, tmp_path):
-    """The real step probe on the built-in model: the run's rows, 2 layers, fp32 and bf16 autocast alternately (the
-    learner's precision as built), a time for each, cached per machine and shape."""
+    """The real step probe on the built-in model: the run's rows, 2 layers, fp32 and bf16 autocast in turn (the
+    learner's precision as built), in a child process (its memory and random draws stay out of the run's), a time for
+    each, cached per machine and shape (not per model folder)."""
     from scalerl.trainer import step_probe
 
     monkeypatch.delenv("SCALERL_PRECISION_RATES")
     monkeypatch.setenv("SCALERL_CACHE_DIR", str(tmp_path))
+    config = load_config(overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 4, "train.threads": 1})
+    model = setup.model_config(config)
+    shape, measure = step_probe.precision_step_probe(config, model, CPU, 150.0)
+    assert "rows 2x2" in shape and "new 4" in shape and "_name_or_path" not in shape
+    rng = torch.random.get_rng_state()
+    first = probe.cpu_step_times(shape, measure)
+    assert torch.equal(torch.random.get_rng_state(), rng)  # the run's random stream untouched
+    assert not first.cached and first.fp32 > 0 and first.bf16 > 0
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a cached shape must not be probed again"))
+    moved = {**model, "_name_or_path": "/elsewhere", "transformers_version": "9.9"}
+    assert probe.cpu_step_times(*step_probe.precision_step_probe(config, moved, CPU, 150.0)) == probe.StepTimes(first.fp32, first.bf16, cached=True)
+    # 4 rows x 20 positions of 2 layers at hidden 1024 (~16 GFLOP) take 1.6 s of matmuls at 10 GFLOP/s: FLOP-bound, not probed
+    big = {**model, "hidden_size": 1024, "intermediate_size": 4096}
+    assert probe.cpu_step_times(*step_probe.precision_step_probe(config, big, CPU, 10.0)) is None
+
+
+def test_the_step_probe_runs_each_precision_in_turn(monkeypatch):
+    from scalerl.trainer import step_probe
+
     seen = []
     real = step_probe.run_probe
 
     def spy(spec, repeats, ctx):
-        seen.append((yaml.safe_load(spec.config)["precision"]["mode"], spec.model["num_hidden_layers"], repeats))
+        seen.append((yaml.safe_load(spec.config)["precision"]["mode"], spec.model["num_hidden_layers"], spec.new_tokens, repeats))
         return real(spec, repeats, ctx)
 
     monkeypatch.setattr(step_probe, "run_probe", spy)
     config = load_config(overrides={"rollout.prompts_per_step": 2, "rollout.group_size": 2, "rollout.max_new_tokens": 4, "train.threads": 1})
-    model = setup.model_config(config)
-    shape, measure = step_probe.precision_step_probe(config, model, CPU, 150.0)
-    assert "rows 2x2" in shape and "new 4" in shape
-    first = probe.cpu_step_times(shape, measure)
-    assert seen == [("fp32", 2, 2), ("standard", 2, 2)] * 2
-    assert not first.cached and first.fp32 > 0 and first.bf16 > 0
-    assert probe.cpu_step_times(shape, measure) == probe.StepTimes(first.fp32, first.bf16, cached=True) and len(seen) == 4
-    # 4 rows x 20 positions of 2 layers at hidden 1024 (~16 GFLOP) take 1.6 s of matmuls at 10 GFLOP/s: FLOP-bound, not probed
-    big = {**model, "hidden_size": 1024, "intermediate_size": 4096}
-    assert probe.cpu_step_times(*step_probe.precision_step_probe(config, big, CPU, 10.0)) is None and len(seen) == 4
+    model = {**setup.model_config(config), "num_hidden_layers": 2}
+    specs = {mode: step_probe.ProbeSpec(config=dump_config(with_overrides(config, {"precision.mode": mode})), model=model, prompt_len=16,
+                                        new_tokens=4) for mode in ("fp32", "standard")}
+    best = step_probe.time_modes(specs, learn_only=False, device=CPU)
+    assert seen == [("fp32", 2, 4, 2), ("standard", 2, 4, 2)] * 2 and set(best) == {"fp32", "standard"}
+    assert all(0 < t < float("inf") for t in best.values())
