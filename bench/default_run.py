@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--tag", default="", help="appended to the results file's name (a second run on one date)")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     rows = []
@@ -50,7 +51,7 @@ def main() -> None:
               "max_process_seconds": max(r["process_seconds"] for r in rows)}
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}))
     if args.save:
-        path = ROOT / "bench" / "results" / f"default_run_{report['date']}.json"
+        path = ROOT / "bench" / "results" / f"default_run_{report['date']}{args.tag}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)
 

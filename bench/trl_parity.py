@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".bench" / "trl-venv" / "bin" / "python")
     ap.add_argument("--scalerl-python", type=Path, default=ROOT / ".bench" / "scalerl-venv" / "bin" / "python")
     ap.add_argument("--curve-every", type=int, default=5, help="evaluate every K steps for the time to TRL's final pass rate; 0: skip")
+    ap.add_argument("--tag", default="", help="appended to the results file's name (a second run on one date)")
     ap.add_argument("--save", action="store_true", help="write bench/results/trl_parity_<date>.json")
     args = ap.parse_args()
     for python, setup in ((args.trl_python, "setup_trl.sh"), (args.scalerl_python, "setup_scalerl.sh")):
@@ -82,7 +83,7 @@ def main() -> None:
     print(json.dumps({"medians": medians, "ratio_scalerl_over_trl": ratios, "pass_rate_after_sorted": pass_after,
                       "time_to_trl_final": curves and {k: v for k, v in curves.items() if k != "points"}}, indent=1))
     if args.save:
-        path = ROOT / "bench" / "results" / f"trl_parity_{report['date']}.json"
+        path = ROOT / "bench" / "results" / f"trl_parity_{report['date']}{args.tag}.json"
         path.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)
 
