@@ -123,3 +123,14 @@ def test_the_limit_is_the_positions_or_the_vllm_engines_length_less_the_longest_
     assert prompt_limit(load_config(overrides=["rollout.engine=vllm", "rollout.vllm.max_model_len=40"]), 64) == 32
     assert prompt_limit(load_config(overrides=["rollout.vllm.max_model_len=40"]), 64) == 56  # the hf engine: no engine length
     assert prompt_limit(load_config(), None) is None  # a model that names no limit is not checked
+
+
+def test_prompt_lengths_are_measured_in_batches_and_match_one_by_one():
+    """`PromptFormat.lengths` tokenizes a dataset in batches of LENGTH_BATCH (one batch of a whole dataset stays in
+    the process's resident memory); the lengths are those of encoding each prompt alone, across batch edges."""
+    from scalerl.rollout import chat
+
+    config = load_config()
+    fmt = prompt_format(config.env.chat_template, config.env.system_prompt, load_tokenizer(config.model))
+    tasks = [Task(prompt="1" * (i % 37) + "+2=", answer="") for i in range(2 * chat.LENGTH_BATCH + 5)]
+    assert fmt.lengths(tasks) == [len(fmt.encode_whole(t)) for t in tasks]
