@@ -42,7 +42,7 @@ def _rss_kib() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def child(chunk: int | None, out: Path) -> None:
+def child(chunk: int | None, out: Path, device: str = "cpu") -> None:
     import resource
     import weakref
 
@@ -56,19 +56,21 @@ def child(chunk: int | None, out: Path) -> None:
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=False, attn_implementation="sdpa")).train()
+    model = LlamaForCausalLM(LlamaConfig(**SHAPE, tie_word_embeddings=False, attn_implementation="sdpa")).train().to(device)
+    cuda = device.startswith("cuda")
     g = torch.Generator().manual_seed(1)
     V = SHAPE["vocab_size"]
 
     def batch(rows: int, completion: int) -> Rollout:
-        return Rollout(prompt_ids=torch.randint(3, V, (rows, PROMPT), generator=g), prompt_mask=torch.ones(rows, PROMPT, dtype=torch.long),
-                       completion_ids=torch.randint(3, V, (rows, completion), generator=g),
-                       completion_mask=torch.ones(rows, completion, dtype=torch.long), sampler_logprobs=torch.zeros(rows, completion),
-                       group_ids=torch.arange(rows), truncated=torch.zeros(rows, dtype=torch.bool))
+        b = Rollout(prompt_ids=torch.randint(3, V, (rows, PROMPT), generator=g), prompt_mask=torch.ones(rows, PROMPT, dtype=torch.long),
+                    completion_ids=torch.randint(3, V, (rows, completion), generator=g),
+                    completion_mask=torch.ones(rows, completion, dtype=torch.long), sampler_logprobs=torch.zeros(rows, completion),
+                    group_ids=torch.arange(rows), truncated=torch.zeros(rows, dtype=torch.bool))
+        return Rollout(**{k: v.to(device) for k, v in vars(b).items()})
 
     def step(b: Rollout):
         fwd = completion_forward(model, b, with_entropy=True, chunk_tokens=chunk)
-        adv = torch.randn(len(b), 1, generator=torch.Generator().manual_seed(3))
+        adv = torch.randn(len(b), 1, generator=torch.Generator().manual_seed(3)).to(device)
         (-(fwd.logprobs * adv).mean() - 0.01 * fwd.entropy.mean()).backward()
         return fwd
 
@@ -76,9 +78,12 @@ def child(chunk: int | None, out: Path) -> None:
     params = {p.untyped_storage().data_ptr() for p in model.parameters()} | {
         p.grad.untyped_storage().data_ptr() for p in model.parameters()}
     b = batch(MICRO, COMPLETION)
-    before = _rss_kib()
+    before = torch.cuda.memory_allocated() // 1024 if cuda else _rss_kib()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     fwd = step(b)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before  # KiB
+    # KiB: on a GPU the allocator's peak (torch.cuda.max_memory_allocated), on a CPU the process's peak RSS
+    rss = (torch.cuda.max_memory_allocated() // 1024 if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) - before
 
     class Live(TorchDispatchMode):
         def __init__(self):
@@ -113,9 +118,18 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help="write bench/results/chunked_logprobs_<date>.{json,md}")
     ap.add_argument("--child", choices=["whole", "chunked"], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help="cuda: peak_rss_increase_mib is then torch.cuda.max_memory_allocated's increase "
+                                                    "(results file chunked_logprobs_gpu_<date>)")
     args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        import torch as _torch
+
+        if not _torch.cuda.is_available():
+            print(f"--device {args.device}: no CUDA device here (torch {_torch.__version__}); run it on a GPU machine "
+                  "(bash bench/gpu_check.sh run) or with --device cpu", file=sys.stderr)
+            sys.exit(2)
     if args.child:
-        child(0 if args.child == "whole" else None, args.out)
+        child(0 if args.child == "whole" else None, args.out, args.device)
         return
     import torch
 
@@ -126,9 +140,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in ("whole", "chunked"):
             out = Path(tmp) / f"{variant}.json"
-            subprocess.run([sys.executable, __file__, "--child", variant, "--out", str(out)], check=True, cwd=ROOT)
+            subprocess.run([sys.executable, __file__, "--child", variant, "--out", str(out), "--device", args.device], check=True, cwd=ROOT)
             results[variant] = json.loads(out.read_text())
-            tensors[variant] = torch.load(out.with_suffix(".pt"))
+            tensors[variant] = torch.load(out.with_suffix(".pt"), map_location="cpu")
     shape = ModelShape(vocab=SHAPE["vocab_size"], hidden=SHAPE["hidden_size"], intermediate=SHAPE["intermediate_size"],
                        layers=SHAPE["num_hidden_layers"], heads=SHAPE["num_attention_heads"], kv_heads=SHAPE["num_key_value_heads"],
                        head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
@@ -139,7 +153,7 @@ def main() -> None:
     w, c = tensors["whole"], tensors["chunked"]
     report = {
         "date": datetime.date.today().isoformat(), "command": COMMAND, "shape": SHAPE, "micro_batch": MICRO, "prompt_len": PROMPT,
-        "completion_len": COMPLETION, "chunk_positions": chunk_positions(None, SHAPE["vocab_size"]), "precision": "fp32",
+        "completion_len": COMPLETION, "chunk_positions": chunk_positions(None, SHAPE["vocab_size"]), "precision": "fp32", "device": args.device,
         "results": results,
         "ratio_chunked_over_whole": {k: results["chunked"][k] / results["whole"][k] for k in results["whole"]},
         "max_abs_diff": {k: (c[k] - w[k]).abs().max().item() for k in w},
@@ -147,7 +161,8 @@ def main() -> None:
     }
     print(json.dumps(report, indent=1))
     if args.save:
-        path = ROOT / "bench" / "results" / f"chunked_logprobs_{report['date']}"
+        gpu = "_gpu" if args.device.startswith("cuda") else ""
+        path = ROOT / "bench" / "results" / f"chunked_logprobs{gpu}_{report['date']}"
         path.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
         r, q = results, report["ratio_chunked_over_whole"]
         rows = "\n".join(f"| {k} | {r['whole'][k]:.1f} | {r['chunked'][k]:.1f} | {q[k]:.3f} |" for k in r["whole"])

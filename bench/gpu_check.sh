@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's device check as one prepared run ("If this issue is lent the device"): each precision mode's peak
+# Issues 13 and 38's device check as one prepared run ("If this issue is lent the device"): each precision mode's peak
 # GPU memory (torch.cuda.max_memory_allocated), step time and generated tokens/s on a ~0.5B random-init Llama,
 # plus optim.offload, torchao float8 (aggressive) and flash_attention_2 where they load.
 #
@@ -9,7 +9,8 @@
 #
 # `run` installs the wheels into /tmp/site, puts the checkout on PYTHONPATH (nothing is pip-installed there),
 # prints the GPU and versions, runs bench/precision_modes.py --device cuda --size 0.5b and copies its results to
-# $OUT. A mode that cannot load there (say torchao against that torch) is listed as failed; the others still run.
+# $OUT, then bench/static_decode.py --device cuda --compiled (the HF engine's decode: model forward, static KV cache,
+# CUDA-graph replay) and bench/chunked_logprobs.py --device cuda (peak GPU memory with and without the chunked head). A mode that cannot load there (say torchao against that torch) is listed as failed; the others still run.
 # Written and run on CPU up to the CUDA calls (`--device cuda` there lists every mode as failed); never run on a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,10 @@ run)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
     python3 bench/precision_modes.py --device cuda --size 0.5b --steps 3 --new-tokens 256 --save 2>&1 | tee "${OUT:-/tmp}/precision_modes_gpu.log"
-    cp bench/results/precision_modes_gpu_* "${OUT:-/tmp}/" ;;
+    # issue 38: decoding with each rollout.decode (compiled: CUDA graphs) and the chunked LM head's peak memory on the GPU
+    python3 bench/static_decode.py --device cuda --rounds 5 --compiled --save 2>&1 | tee "${OUT:-/tmp}/static_decode_gpu.log" || true
+    python3 bench/chunked_logprobs.py --device cuda --save 2>&1 | tee "${OUT:-/tmp}/chunked_logprobs_gpu.log" || true
+    cp bench/results/precision_modes_gpu_* bench/results/static_decode_gpu_* bench/results/chunked_logprobs_gpu_* "${OUT:-/tmp}/" 2>/dev/null || true ;;
 *)
     echo "usage: bash bench/gpu_check.sh fetch|run" >&2; exit 2 ;;
 esac

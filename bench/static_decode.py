@@ -16,6 +16,7 @@ import argparse
 import json
 import random
 import statistics
+import sys
 import time
 from datetime import date
 from pathlib import Path
@@ -41,25 +42,28 @@ def _prompts(count: int) -> list[list[int]]:
     return [[1, *digits(rng.randint(0, 99)), 14, *digits(rng.randint(0, 99)), 15] for _ in range(count)]
 
 
-def measure(name: str, attn: str, modes: list[str], rounds: int) -> dict:
+def measure(name: str, attn: str, modes: list[str], rounds: int, device: torch.device) -> dict:
     shape = SHAPES[name]
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=20, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape["model"])
-    model = LlamaForCausalLM._from_config(config, attn_implementation=attn).eval()
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if shape["bf16"] else None
+    model = LlamaForCausalLM._from_config(config, attn_implementation=attn).eval().to(device)
+    autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if shape["bf16"] else None
     prompts = _prompts(shape["prompts"])
     params = SamplingParams(max_new_tokens=shape["new"], min_new_tokens=shape["min_new"], temperature=1.0, n=shape["n"])
-    samplers = {mode: HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode=mode, autocast=autocast) for mode in modes}
+    samplers = {mode: HFSampler(model, pad_id=0, eos_id=2, device=device, decode=mode, autocast=autocast) for mode in modes}
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     first, times, tokens = {}, {mode: [] for mode in modes}, {}
     for i in range(rounds + 1):
         for mode, sampler in samplers.items():
+            sync()
             start = time.perf_counter()
             out = sampler.sample(prompts, params, seeds=[1000 * i + k for k in range(len(prompts))])
+            sync()
             seconds = time.perf_counter() - start
             (times[mode].append(seconds) if i else first.__setitem__(mode, seconds))
             tokens[mode] = int(out.completion_mask.sum())
     medians = {mode: statistics.median(v) for mode, v in times.items()}
-    row = {"workload": name, "attn": attn, "precision": "bf16 autocast" if shape["bf16"] else "fp32", "rounds": rounds,
+    row = {"workload": name, "device": str(device), "attn": attn, "precision": "bf16 autocast" if shape["bf16"] else "fp32", "rounds": rounds,
            "median_s": medians, "first_s": first, "tokens_last": tokens,
            "speedup_vs_hf": {mode: medians["hf"] / medians[mode] for mode in modes}}
     if "compiled" in modes:
@@ -73,20 +77,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compiled", action="store_true", help="also rollout.decode=compiled (torch.compile: ~10-20 s per shape)")
+    ap.add_argument("--device", default="cpu", help="cuda: compiled is torch.compile's reduce-overhead mode (CUDA graphs); results "
+                                                    "file static_decode_gpu_<date>")
     ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if args.device.startswith("cuda"):
+        import torch as _torch
+
+        if not _torch.cuda.is_available():
+            print(f"--device {args.device}: no CUDA device here (torch {_torch.__version__}); run it on a GPU machine "
+                  "(bash bench/gpu_check.sh run) or with --device cpu", file=sys.stderr)
+            sys.exit(2)
     modes = ["hf", "auto"] + (["compiled"] if args.compiled else [])
     rows = []
     for name in SHAPES:
         for attn in ("sdpa", "eager"):
-            row = measure(name, attn, modes, args.rounds)
+            row = measure(name, attn, modes, args.rounds, device)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.save:
-        out = Path(__file__).parent / "results" / f"static_decode_{date.today()}.json"
+        gpu = "_gpu" if device.type == "cuda" else ""
+        out = Path(__file__).parent / "results" / f"static_decode{gpu}_{date.today()}.json"
         out.write_text(json.dumps({"date": str(date.today()), "threads": args.threads, "command": "python bench/static_decode.py "
-                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --save", "rows": rows}, indent=1))
+                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --device {args.device} --save", "rows": rows}, indent=1))
         print(f"wrote {out}")
 
 

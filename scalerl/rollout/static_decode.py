@@ -70,7 +70,9 @@ class StaticDecoder:
         self.gqa = attn.config.num_attention_heads != kv_heads
         self.eager = attn.config._attn_implementation == "eager"
         self.compiled = compiled
-        self._step: Callable = torch.compile(self._forward, dynamic=False) if compiled else self._forward
+        # on a GPU the compiled step replays as a CUDA graph (reduce-overhead): one launch per token instead of one per kernel
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        self._step: Callable = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else self._forward
 
     def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
         return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype \
