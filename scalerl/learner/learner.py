@@ -134,14 +134,19 @@ class LearnerSide(Protocol):
     def close(self) -> None: ...
 
 
-def cpu_copy(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to the CPU (state dicts nest dicts and lists)."""
+def cpu_copy(obj: Any, into: Any = None) -> Any:
+    """A deep copy with every tensor cloned to the CPU (state dicts nest dicts and lists). `into`: an earlier copy
+    whose CPU tensors of the same shape and dtype are written in place instead of allocating new ones (a restore
+    point taken every few steps then costs no new memory)."""
     if isinstance(obj, torch.Tensor):
+        if isinstance(into, torch.Tensor) and into.device.type == "cpu" and into.shape == obj.shape and into.dtype == obj.dtype:
+            return into.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
+        return {k: cpu_copy(v, into.get(k) if isinstance(into, dict) else None) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_copy(v) for v in obj)
+        earlier = list(into) if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
+        return type(obj)(cpu_copy(v, e) for v, e in zip(obj, earlier))
     return obj
 
 
@@ -421,7 +426,7 @@ class Learner:
         return False
 
     def restore_point(self, step: int) -> None:
-        self.kept_snapshot, self.snapshot_step = self.snapshot(), step
+        self.kept_snapshot, self.snapshot_step = self.snapshot(into=self.kept_snapshot), step
 
     def start(self, fresh: bool) -> list[str]:
         precision = describe_precision(self.precision, self.policy, self.component_bytes(expected=True), offload=self.offload)
@@ -443,16 +448,20 @@ class Learner:
         self.state.lr_scale *= factor
         return old, self.lr()
 
-    def snapshot(self) -> Snapshot:
-        critic = cpu_copy(self.critic.state_dict()) if self.critic is not None else None
-        return Snapshot(cpu_copy(self.policy.state_dict()), critic, cpu_copy(self.optimizer.state_dict()))
+    def snapshot(self, into: Snapshot | None = None) -> Snapshot:
+        """A CPU copy of the weights and optimizer state, written into `into`'s tensors where they match."""
+        critic = cpu_copy(self.critic.state_dict(), into and into.critic) if self.critic is not None else None
+        return Snapshot(cpu_copy(self.policy.state_dict(), into and into.policy), critic,
+                        cpu_copy(self.optimizer.state_dict(), into and into.optimizer))
 
     def restore(self, snap: Snapshot) -> None:
-        """Load a snapshot's weights and optimizer state (the lr schedule goes on); a new policy version."""
+        """Load a snapshot's weights and optimizer state (the lr schedule goes on); a new policy version. The optimizer
+        gets a copy: its load_state_dict keeps tensors already on the right device and dtype as they are, so it would
+        otherwise update the snapshot's own moments in place and a second restore would load later steps' moments."""
         self.policy.load_state_dict(snap.policy)
         if self.critic is not None:
             self.critic.load_state_dict(snap.critic)
-        self.optimizer.load_state_dict(snap.optimizer)
+        self.optimizer.load_state_dict(cpu_copy(snap.optimizer))
         self.state.version += 1
 
     def extra_modules(self) -> dict[str, torch.nn.Module]:

@@ -14,7 +14,7 @@ import torch
 from conftest import tiny_overrides
 from scalerl.config import load_config
 from scalerl.distributed.context import DistContext
-from scalerl.learner.learner import LearnerSide
+from scalerl.learner.learner import LearnerSide, cpu_copy
 from scalerl.monitor.events import Event
 from scalerl.trainer import loop
 
@@ -28,6 +28,15 @@ KINDS = {
 
 def _members(protocol) -> set[str]:
     return {n for n in [*vars(protocol), *typing.get_type_hints(protocol)] if not n.startswith("_")}
+
+
+def _same(a, b) -> bool:
+    """Nested optimizer states hold equal tensors."""
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
 
 def _copy(weights) -> dict[str, torch.Tensor]:
@@ -59,6 +68,7 @@ def test_every_learner_keeps_the_contract(runs, kind):
 
     # nonfinite: back to the restore point, clipping on, a new version to publish
     learner.restore_point(1)
+    moments = cpu_copy(learner.optimizer.state_dict())
     learner.learn(rollout.produce(2), 2)
     assert any(not torch.equal(after[k], v) for k, v in learner.weights().items())
     version = learner.version
@@ -67,6 +77,12 @@ def test_every_learner_keeps_the_contract(runs, kind):
     assert all(torch.equal(after[k], v) for k, v in learner.weights().items())
     assert learner.version == version + 1 and event.values["restored_step"] == 1
     assert learner.state_dict()["max_grad_norm"] == (config.optim.max_grad_norm or 1.0)
+    # a second non-finite step before the next restore point restores the same moments: the updates after the
+    # first restore must not have reached the snapshot's own tensors
+    learner.learn(rollout.produce(2), 2)
+    assert learner.respond(Event(2, "nonfinite", "critical", "loss is nan")) is True
+    assert _same(learner.optimizer.state_dict()["state"], moments["state"])
+    assert all(torch.equal(after[k], v) for k, v in learner.weights().items())
     assert learner.respond(Event(2, "plateau", "info", "flat")) is False  # not the learner's to answer
 
     # its checkpoint parts and state: a second learner loaded from them continues identically
