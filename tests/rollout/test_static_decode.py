@@ -80,3 +80,20 @@ def test_what_it_cannot_do_goes_to_the_models_forward():
     assert "is not one of" in unsupported(_model("gpt2", n_embd=32, n_layer=2, n_head=4), 20)
     with pytest.raises(ValueError, match="decode='static'; use auto, hf or compiled"):
         HFSampler(short_window, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="static")
+
+
+def test_the_compiled_step_samples_the_same_tokens():
+    """rollout.decode=compiled: the static step through torch.compile (fixed shapes: the whole buffer, a mask), once
+    per batch shape; the same tokens as the model's forward, and a prompt of another length reuses the graph."""
+    model = _model("llama", num_hidden_layers=1)  # one layer: the smallest graph to compile (~6 s on 2 cores)
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
+    own, _ = _sample(model, "hf", params)
+    compiled, sampler = _sample(model, "compiled", params)
+    assert sampler._static.compiled and sampler._static.capacity % 16 == 0
+    assert torch.equal(compiled.completion_ids, own.completion_ids)
+    torch.testing.assert_close(compiled.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
+    graph = sampler._static
+    shorter = [[1, 5, 14, 7, 15]] * 3  # another prompt length, the same rows: the same buffers and graph
+    assert torch.equal(sampler.sample(shorter, params, seeds=[1, 2, 3]).completion_ids,
+                       HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="hf").sample(shorter, params, seeds=[1, 2, 3]).completion_ids)
+    assert sampler._static is graph
