@@ -5,8 +5,8 @@ a 4-D mask from the 2-D one, grows a DynamicCache by a `torch.cat` per layer (th
 validates keyword arguments and wraps outputs. `StaticDecoder` keeps each layer's keys and values in buffers
 allocated once for the longest completion, writes each token's in place, and runs the decoder layers' own modules
 (norms, projections, the model's rotary embedding and its `apply_rotary_pos_emb`, the MLP: LoRA adapters and
-autocast act on them as on the model's forward) with `scaled_dot_product_attention` over the buffers and a padding
-mask it extends by one column per token. The numbers are the model's own to float round-off (tests/rollout/
+autocast act on them as on the model's forward) and the model's attention arithmetic (sdpa's kernel, or eager's
+matmuls and float32 softmax) over the buffers, with a padding mask it extends by one column per token. The numbers are the model's own to float round-off (tests/rollout/
 test_static_decode.py samples the same tokens).
 
 `python bench/static_decode.py --rounds 9 --compiled --save` on this project's 2-core EPYC, 2026-12-07
