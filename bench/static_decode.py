@@ -1,7 +1,7 @@
 """The HF engine's generation with each rollout.decode (scalerl/rollout/static_decode.py), at W1's and W2's shapes.
 
-W1: the reference benchmark's model (shared/bench: hidden 128, 4 layers, vocab 20), 8 prompts x 8 completions, 8 new
-tokens, fp32. W2: bench/scalerl_w2.py's model (hidden 512, 8 layers, MLP 1536), 16 x 8 completions, 32 new tokens
+W1: the reference benchmark's model (shared/bench: hidden 128, 4 layers, vocab 20), 8 prompts x 8 completions, up to 8
+new tokens (rows stop at EOS), fp32. W2: bench/scalerl_w2.py's model (hidden 512, 8 layers, MLP 1536), 16 x 8 completions, 32 new tokens
 (EOS masked, every row decodes all 32), bf16 autocast. Random weights (the time does not depend on them), the
 reference task's prompts; each mode's sampler is built once and the modes alternate, `--rounds` generations each
 after a warm-up; medians. `compiled`'s first generation (torch.compile) is reported apart, with how many
@@ -76,7 +76,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--compiled", action="store_true", help="also rollout.decode=compiled (torch.compile: ~10-20 s per shape)")
+    ap.add_argument("--compiled", action="store_true", help="also rollout.decode=compiled (torch.compile: 4-15 s per shape on a 2-core CPU)")
     ap.add_argument("--device", default="cpu", help="cuda: compiled is torch.compile's reduce-overhead mode (CUDA graphs); results "
                                                     "file static_decode_gpu_<date>")
     ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}.json")

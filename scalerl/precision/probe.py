@@ -30,6 +30,7 @@ first given and not the second, the matmul decides.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -55,10 +56,15 @@ class Rates:
     bf16: float
     shape: tuple[int, int, int]  # (rows, in, out) of the matmul timed
     cached: bool = False
+    given: str | None = None  # the environment variable that gave them instead of a measurement
 
     def text(self) -> str:
         m, k, n = self.shape
-        return f"bf16 {self.bf16:.1f} vs fp32 {self.fp32:.1f} GFLOP/s on a {m}x{k}x{n} matmul{' (cached)' if self.cached else ''}"
+        return f"bf16 {self.bf16:.1f} vs fp32 {self.fp32:.1f} GFLOP/s on a {m}x{k}x{n} matmul{_origin(self.cached, self.given)}"
+
+
+def _origin(cached: bool, given: str | None) -> str:
+    return f" (given by {given})" if given else " (cached)" if cached else ""
 
 
 @dataclass(frozen=True)
@@ -68,9 +74,10 @@ class StepTimes:
     fp32: float
     bf16: float
     cached: bool = False
+    given: str | None = None  # the environment variable that gave them instead of a measurement
 
     def text(self) -> str:
-        return f"fp32 {self.fp32 * 1e3:.1f} vs bf16 {self.bf16 * 1e3:.1f} ms per probed step of this run's shape{' (cached)' if self.cached else ''}"
+        return f"fp32 {self.fp32 * 1e3:.1f} vs bf16 {self.bf16 * 1e3:.1f} ms per probed step of this run's shape{_origin(self.cached, self.given)}"
 
 
 def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int, int] | None = None,
@@ -82,14 +89,15 @@ def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int
         if capability >= AMPERE:
             return "standard", f"{cc} has bf16 tensor cores"
         return "fp32", f"{cc}: no bf16 tensor cores"
-    if rates.bf16 < MARGIN * rates.fp32:
-        return "fp32", f"bf16 matmuls not faster here ({rates.text()}; bf16 needs {MARGIN:g}x)"
+    matmul = rates.bf16 / rates.fp32
+    if matmul < MARGIN:
+        return "fp32", f"bf16 matmuls {'only ' if matmul >= 1 else ''}{matmul:.2f}x fp32's here ({rates.text()}; bf16 needs {MARGIN:g}x)"
     if step is None:
-        return "standard", f"bf16 matmuls {rates.bf16 / rates.fp32:.2f}x faster here ({rates.text()})"
+        return "standard", f"bf16 matmuls {matmul:.2f}x faster here ({rates.text()})"
     speedup = step.fp32 / step.bf16
     if speedup >= MARGIN:
-        return "standard", f"bf16 {speedup:.2f}x faster on this run's step here ({step.text()}; matmuls {rates.bf16 / rates.fp32:.2f}x)"
-    return "fp32", (f"bf16 matmuls {rates.bf16 / rates.fp32:.2f}x faster but this run's step only {speedup:.2f}x ({step.text()}; "
+        return "standard", f"bf16 {speedup:.2f}x faster on this run's step here ({step.text()}; matmuls {matmul:.2f}x)"
+    return "fp32", (f"bf16 matmuls {matmul:.2f}x faster but this run's step only {speedup:.2f}x ({step.text()}; "
                     f"bf16 needs {MARGIN:g}x)")
 
 
@@ -147,9 +155,12 @@ def _given(name: str, unit: str, example: str) -> dict[str, float] | None:
         return None
     try:
         values = dict(part.split(":") for part in given.split(","))
-        return {"fp32": float(values["fp32"]), "bf16": float(values["bf16"])}
+        parsed = {"fp32": float(values["fp32"]), "bf16": float(values["bf16"])}
     except (ValueError, KeyError):
         raise ScaleRLError(f"{name}={given!r}: write fp32:<{unit}>,bf16:<{unit}>, e.g. {example}") from None
+    if not all(math.isfinite(v) and v > 0 for v in parsed.values()):
+        raise ScaleRLError(f"{name}={given!r}: both values must be positive {unit}, e.g. {example}")
+    return parsed
 
 
 def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None]) -> tuple[float, float, bool] | None:
@@ -183,7 +194,7 @@ def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None]) ->
 def cpu_rates(shape: tuple[int, int, int]) -> Rates:
     """The matmul probe's rates for this machine and shape: given (SCALERL_PRECISION_RATES), cached or measured."""
     if (given := _given("SCALERL_PRECISION_RATES", "GFLOP/s", "fp32:180,bf16:90")) is not None:
-        return Rates(fp32=given["fp32"], bf16=given["bf16"], shape=shape, cached=True)
+        return Rates(fp32=given["fp32"], bf16=given["bf16"], shape=shape, given="SCALERL_PRECISION_RATES")
 
     def both() -> tuple[float, float]:
         rates = measure(shape)
@@ -198,7 +209,7 @@ def cpu_step_times(shape_key: str, measure_both: Callable[[], tuple[float, float
     (SCALERL_PRECISION_STEP), cached, or measured by `measure_both` (None: it could not probe; then None).
     None too where only SCALERL_PRECISION_RATES is given: the pinned matmul rates decide."""
     if (given := _given("SCALERL_PRECISION_STEP", "seconds", "fp32:0.050,bf16:0.055")) is not None:
-        return StepTimes(fp32=given["fp32"], bf16=given["bf16"], cached=True)
+        return StepTimes(fp32=given["fp32"], bf16=given["bf16"], given="SCALERL_PRECISION_STEP")
     if os.environ.get("SCALERL_PRECISION_RATES"):
         return None
     found = _cached(f"step|{_machine_key(None)}|{shape_key}", measure_both)

@@ -10,8 +10,8 @@ matmuls and float32 softmax) over the buffers, with a padding mask it extends by
 test_static_decode.py samples the same tokens).
 
 `python bench/static_decode.py --rounds 9 --compiled --save` on this project's 2-core EPYC, 2026-12-07
-(bench/results/static_decode_2026-12-07.json; random weights, every row decoding its whole length): a generation at
-the reference benchmark's shape (W1: hidden 128, 64 rows, 8 tokens, fp32) 29.4 ms with the model's forward, 25.1 ms
+(bench/results/static_decode_2026-12-07.json; random weights): a generation at the reference benchmark's shape
+(W1: hidden 128, 64 rows, up to 8 tokens, fp32) 29.4 ms with the model's forward, 25.1 ms
 here (1.17x); at W2's (hidden 512, 128 rows, 32 tokens, bf16 autocast, eager attention) 1.38 s and 1.27 s (1.09x).
 `compiled` runs the step (fixed shapes: attention over the whole buffer, the mask hiding the columns not yet
 written; buffers a multiple of BUCKET long, so prompts of other lengths reuse the graph) through `torch.compile`
@@ -24,6 +24,7 @@ biases); others, sliding windows shorter than the sequence, or attention other t
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+log = logging.getLogger(__name__)
 
 
 def unsupported(model: torch.nn.Module, total: int) -> str | None:
@@ -46,6 +48,16 @@ def unsupported(model: torch.nn.Module, total: int) -> str | None:
         if window is not None and window < total:
             return f"a sliding window of {window} positions, shorter than {total}"
     return None
+
+
+def decode_path(model: torch.nn.Module, decode: str) -> str:
+    """What rollout.decode runs on `model`, for resolved.yaml: the static KV cache (compiled or not) or the model's
+    forward and why (a sliding window shorter than a batch's sequences falls back per batch, not here)."""
+    if decode == "hf":
+        return "the model's forward (rollout.decode=hf)"
+    if (why := unsupported(model, 0)) is not None:
+        return f"the model's forward ({why})"
+    return "static KV cache, compiled per batch shape" if decode == "compiled" else "static KV cache"
 
 
 BUCKET = 16  # the compiled step's buffers are a multiple of this long: prompts of other lengths reuse its graph
@@ -73,6 +85,9 @@ class StaticDecoder:
         # on a GPU the compiled step replays as a CUDA graph (reduce-overhead): one launch per token instead of one per kernel
         mode = "reduce-overhead" if device.type == "cuda" else None
         self._step: Callable = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else self._forward
+        if compiled:
+            log.warning("rollout.decode=compiled: compiling the decode step for %d rows x %d positions (once per batch shape: "
+                        "training and evaluation batches are separate shapes; 4-15 s each on a 2-core CPU)", rows, self.capacity)
 
     def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
         return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype \

@@ -40,6 +40,7 @@ from scalerl.rollout.async_rollout import AsyncRollout, ProducerProcess
 from scalerl.rollout.base import RolloutSide
 from scalerl.rollout.build import build_rollout
 from scalerl.rollout.chat import prompt_format
+from scalerl.rollout.static_decode import decode_path
 from scalerl.trainer.run_lock import LOCK_FILE, RunLock
 from scalerl.trainer.step import publish_weights
 from scalerl.trainer.step_probe import precision_step_probe
@@ -122,14 +123,16 @@ RESOLVED_HEADER = ("# What this run ran with where config.yaml leaves the choice
 
 def what_ran(config: Config, ctx: DistContext, policy: torch.nn.Module, precision: str | None = None) -> dict[str, Any]:
     """The resolved.yaml tree: the attention implementation the loaded policy runs (and why, when it
-    is not the requested one), the precision mode (and, from `resolve_precision`, why), the device and the
-    number of processes."""
+    is not the requested one), how the HF engine decodes (rollout.decode), the precision mode (and, from
+    `resolve_precision`, why), the device and the number of processes."""
     requested = config.model.attn_implementation
     used = attention_used(policy, requested)
     model: dict[str, Any] = {"attn_implementation": used, "attn_implementation_requested": requested}
     if used != requested:
         model["attn_implementation_fallback"] = attention_choice(requested, ctx.device)[1] or f"transformers loaded {used}"
     ran: dict[str, Any] = {"model": model, "train": {"device": str(ctx.device), "world_size": ctx.world_size}}
+    if config.rollout.engine == "hf":
+        ran["rollout"] = {"decode": decode_path(policy, config.rollout.decode)}
     if precision:
         ran["precision"] = {"mode": config.precision.mode, "why": precision}
     return ran

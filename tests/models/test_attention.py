@@ -32,7 +32,7 @@ def test_the_run_records_the_attention_it_ran(tmp_path, caplog):
     resolved = yaml.safe_load((run_dir / RESOLVED_FILE).read_text())
     assert resolved == {"model": {"attn_implementation": "sdpa", "attn_implementation_requested": "flash_attention_2",
                                   "attn_implementation_fallback": "flash_attention_2 needs a CUDA GPU; using sdpa on cpu"},
-                        "train": {"device": "cpu", "world_size": 1}}
+                        "train": {"device": "cpu", "world_size": 1}, "rollout": {"decode": "static KV cache"}}
     text = (run_dir / "config.yaml").read_text()
     assert "  attn_implementation: flash_attention_2  # ran as sdpa: see resolved.yaml\n" in text
     assert load_config(run_dir / "config.yaml").model.attn_implementation == "flash_attention_2"  # still loads, as asked

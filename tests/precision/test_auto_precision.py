@@ -13,6 +13,7 @@ import yaml
 from conftest import tiny_overrides
 from scalerl.config import load_config
 from scalerl.config.load import dump_config, with_overrides
+from scalerl.errors import ScaleRLError
 from scalerl.distributed.context import DistContext
 from scalerl.precision import probe
 from scalerl.precision.probe import Rates, choose_mode, slower_warning
@@ -28,6 +29,8 @@ def test_choice_by_rates_on_cpu_and_by_capability_on_gpu():
     assert choose_mode(CPU, FAST_BF16) == ("standard", "bf16 matmuls 4.30x faster here (bf16 430.0 vs fp32 100.0 GFLOP/s on a "
                                                        "512x128x512 matmul)")
     assert choose_mode(CPU, Rates(fp32=100.0, bf16=105.0, shape=(1, 1, 1)))[0] == "fp32"  # within the probe's noise: fp32
+    assert choose_mode(CPU, Rates(fp32=100.0, bf16=110.0, shape=(1, 1, 1)))[0] == "standard"  # 1.1x is enough, as for the step
+    assert choose_mode(CPU, Rates(fp32=100.0, bf16=105.0, shape=(1, 1, 1)))[1].startswith("bf16 matmuls only 1.05x fp32's here")
     assert choose_mode(torch.device("cuda"), None, (9, 0))[0] == "standard" and choose_mode(torch.device("cuda"), None, (7, 0))[0] == "fp32"
     assert slower_warning("standard", SLOW_BF16) == (
         "warning: precision.mode=standard computes in bf16, which runs slower than fp32 on this machine (bf16 90.0 vs fp32 180.0 "
@@ -73,7 +76,13 @@ def test_the_probe_is_cached_per_machine(monkeypatch, tmp_path):
     assert not first.cached and again == Rates(fp32=2.0, bf16=1.0, shape=(512, 64, 256), cached=True) and not other.cached
     assert (tmp_path / "precision_probe.json").is_file()
     monkeypatch.setenv("SCALERL_PRECISION_RATES", "fp32:180,bf16:90")  # given, not measured
-    assert probe.cpu_rates((1, 2, 3)) == Rates(fp32=180.0, bf16=90.0, shape=(1, 2, 3), cached=True) and len(calls) == 2
+    given = probe.cpu_rates((1, 2, 3))
+    assert given == Rates(fp32=180.0, bf16=90.0, shape=(1, 2, 3), given="SCALERL_PRECISION_RATES") and len(calls) == 2
+    assert given.text().endswith("matmul (given by SCALERL_PRECISION_RATES)")
+    for bad in ("fp32:0,bf16:90", "fp32:-5,bf16:90", "fp32:180,bf16:nan", "fp32:180"):  # one line each, no traceback
+        monkeypatch.setenv("SCALERL_PRECISION_RATES", bad)
+        with pytest.raises(ScaleRLError, match="SCALERL_PRECISION_RATES="):
+            probe.cpu_rates((1, 2, 3))
 
 
 def test_where_the_matmul_favours_bf16_the_runs_step_decides():

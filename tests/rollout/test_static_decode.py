@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from scalerl.rollout.hf import HFSampler
-from scalerl.rollout.static_decode import unsupported
+from scalerl.rollout.static_decode import decode_path, unsupported
 from scalerl.types import SamplingParams
 
 PROMPTS = [[1, 5, 6, 14, 7, 9, 15], [1, 5, 14, 7, 15], [1, 9, 9, 14, 9, 9, 15]]  # left padding differs between rows
@@ -78,11 +78,14 @@ def test_what_it_cannot_do_goes_to_the_models_forward():
     assert sampler._static is None
     assert torch.equal(static.completion_ids, _sample(short_window, "hf", params)[0].completion_ids)
     assert "is not one of" in unsupported(_model("gpt2", n_embd=32, n_layer=2, n_head=4), 20)
+    gpt2 = _model("gpt2", n_embd=32, n_layer=2, n_head=4)
+    assert decode_path(gpt2, "auto") == "the model's forward (model type 'gpt2' is not one of llama, mistral, qwen2, qwen3)"
+    assert decode_path(short_window, "auto") == "static KV cache" and decode_path(short_window, "hf").endswith("(rollout.decode=hf)")
     with pytest.raises(ValueError, match="decode='static'; use auto, hf or compiled"):
         HFSampler(short_window, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="static")
 
 
-def test_the_compiled_step_samples_the_same_tokens():
+def test_the_compiled_step_samples_the_same_tokens(caplog):
     """rollout.decode=compiled: the static step through torch.compile (fixed shapes: the whole buffer, a mask), once
     per batch shape; the same tokens as the model's forward, and a prompt of another length reuses the graph."""
     model = _model("llama", num_hidden_layers=1)  # one layer: the smallest graph to compile (~6 s on 2 cores)
@@ -90,6 +93,7 @@ def test_the_compiled_step_samples_the_same_tokens():
     own, _ = _sample(model, "hf", params)
     compiled, sampler = _sample(model, "compiled", params)
     assert sampler._static.compiled and sampler._static.capacity % 16 == 0
+    assert "compiling the decode step for 6 rows x 16 positions (once per batch shape" in caplog.text
     assert torch.equal(compiled.completion_ids, own.completion_ids)
     torch.testing.assert_close(compiled.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
     graph = sampler._static
