@@ -82,7 +82,11 @@ def main() -> None:
     ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        print(f"--device {args.device}: not a torch device; use cpu or cuda", file=sys.stderr)
+        sys.exit(2)
     if args.device.startswith("cuda"):
         import torch as _torch
 
