@@ -58,6 +58,11 @@ class Rates:
     cached: bool = False
     given: str | None = None  # the environment variable that gave them instead of a measurement
 
+    @property
+    def speedup(self) -> float:
+        """bf16's rate over fp32's: bf16 can be chosen from MARGIN on."""
+        return self.bf16 / self.fp32
+
     def text(self) -> str:
         m, k, n = self.shape
         return f"bf16 {self.bf16:.1f} vs fp32 {self.fp32:.1f} GFLOP/s on a {m}x{k}x{n} matmul{_origin(self.cached, self.given)}"
@@ -89,7 +94,7 @@ def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int
         if capability >= AMPERE:
             return "standard", f"{cc} has bf16 tensor cores"
         return "fp32", f"{cc}: no bf16 tensor cores"
-    matmul = rates.bf16 / rates.fp32
+    matmul = rates.speedup
     if matmul < MARGIN:
         return "fp32", f"bf16 matmuls {'only ' if matmul >= 1 else ''}{matmul:.2f}x fp32's here ({rates.text()}; bf16 needs {MARGIN:g}x)"
     if step is None:

@@ -60,7 +60,7 @@ def decode_path(model: torch.nn.Module, decode: str) -> str:
     return "static KV cache, compiled per batch shape" if decode == "compiled" else "static KV cache"
 
 
-BUCKET = 16  # the compiled step's buffers are a multiple of this long: prompts of other lengths reuse its graph
+BUCKET = 16  # buffers are a multiple of this long: batches whose prompts differ in length reuse them (and a compiled graph)
 
 
 class StaticDecoder:
@@ -68,11 +68,11 @@ class StaticDecoder:
 
     def __init__(self, model: torch.nn.Module, rows: int, capacity: int, dtype: torch.dtype, device: torch.device, *,
                  compiled: bool = False):
-        """Buffers for `rows` sequences of up to `capacity` positions (rounded up to BUCKET when `compiled`)."""
+        """Buffers for `rows` sequences of up to `capacity` positions, rounded up to BUCKET."""
         self.decoder = model.get_decoder()
         attn = self.decoder.layers[0].self_attn
         kv_heads, head_dim = attn.config.num_key_value_heads, attn.head_dim
-        self.capacity = -(-capacity // BUCKET) * BUCKET if compiled else capacity
+        self.capacity = -(-capacity // BUCKET) * BUCKET
         shape = (rows, kv_heads, self.capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
@@ -90,8 +90,7 @@ class StaticDecoder:
                         "training and evaluation batches are separate shapes; 4-15 s each on a 2-core CPU)", rows, self.capacity)
 
     def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
-        return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype \
-            and (self.compiled or capacity == self.capacity)
+        return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype
 
     @torch.no_grad()
     def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor) -> None:

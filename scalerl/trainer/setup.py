@@ -71,7 +71,7 @@ def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | N
         if mode != "auto":
             return config, None, slower_warning(mode, rates)
         step = None  # where bf16's matmul is faster, one process times the run's own step (several: the matmul decides)
-        if rates.bf16 >= MARGIN * rates.fp32 and model is not None and ctx.world_size == 1:
+        if rates.speedup >= MARGIN and model is not None and ctx.world_size == 1:
             step = cpu_step_times(*precision_step_probe(config, model, ctx.device, rates.fp32))
         chosen, why = choose_mode(ctx.device, rates, step=step)
     chosen, why = ctx.gather_lists([(chosen, why)])[0]  # one choice for every rank: rank 0's

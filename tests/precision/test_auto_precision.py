@@ -105,6 +105,11 @@ def test_auto_resolves_by_the_step_probe_injected(monkeypatch, tmp_path):
     assert config.precision.mode == "fp32" and why.startswith("precision.mode=auto: bf16 matmuls 4.30x faster but this run's step only 0.91x")
     monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.025")
     assert setup.resolve_precision(load_config(), DistContext())[0].precision.mode == "standard"
+    # a matmul exactly 1.1x faster is enough to probe the step (the same rule as choose_mode's), and the step decides
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape: Rates(fp32=100.0, bf16=110.0, shape=(1, 1, 1)))
+    monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
+    assert setup.resolve_precision(load_config(), DistContext())[0].precision.mode == "fp32"
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
     monkeypatch.setattr(setup, "precision_step_probe", lambda *a: pytest.fail("several processes must not probe the step"))
     monkeypatch.setattr(DistContext, "gather_lists", lambda self, items: items)
     assert setup.resolve_precision(load_config(), DistContext(world_size=2))[0].precision.mode == "standard"

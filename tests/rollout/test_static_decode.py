@@ -66,6 +66,10 @@ def test_buffers_are_kept_for_generations_of_one_shape():
     assert sampler._static.keys[0] is buffers  # reused, not reallocated
     fresh, _ = _sample(model, "hf", params)
     assert torch.equal(again.completion_ids, fresh.completion_ids)  # a reused buffer holds nothing of the last generation
+    shorter = [[1, 5, 14, 7, 15]] * 3  # shorter prompts, the same rows: the same buffers (a multiple of 16 long)
+    own = HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="hf").sample(shorter, params, seeds=[1, 2, 3])
+    assert torch.equal(sampler.sample(shorter, params, seeds=[1, 2, 3]).completion_ids, own.completion_ids)
+    assert sampler._static.keys[0] is buffers and sampler._static.capacity == 16
     sampler.sample(PROMPTS[:1], params, seeds=[5])  # other rows: new buffers
     assert sampler._static.keys[0] is not buffers and sampler._static.keys[0].shape[0] == 2
 
