@@ -121,7 +121,7 @@ class HFSampler:
         if decode not in ("auto", "hf", "compiled"):
             raise ValueError(f"HFSampler: decode={decode!r}; use auto, hf or compiled")
         self.decode = decode
-        self._static: StaticDecoder | None = None  # kept across generations of one shape
+        self._static: StaticDecoder | None = None  # kept across generations of one shape (_static_decoder)
         self._warned = False
         self._version = 0
         self.decode_clock = DecodeClock()
@@ -190,7 +190,8 @@ class HFSampler:
 
     def _static_decoder(self, cache, mask: torch.Tensor, first_positions: torch.Tensor, new_tokens: int) -> StaticDecoder | None:
         """The static-cache decoder loaded with this generation's prompt (`decode` auto or compiled and the model
-        allows), or None. Its buffers are kept for the next generation of the same shape."""
+        allows), or None. Its buffers are kept for the next generation of the same shape, unless the kept ones served
+        several generations (training's): those stay, and this generation's are freed when it ends."""
         if self.decode == "hf" or new_tokens < 1 or not getattr(cache, "layers", None):
             return None
         rows, capacity = mask.shape[0], mask.shape[1] + new_tokens
@@ -200,11 +201,18 @@ class HFSampler:
                 self._warned = True
             return None
         dtype = cache.layers[0].keys.dtype
-        if self._static is None or not self._static.fits(rows, capacity, dtype):
+        kept, compiled = self._static, self.decode == "compiled"
+        if kept is not None and kept.fits(rows, capacity, dtype):
+            decoder = kept
+        elif kept is not None and kept.uses > 1:
+            # buffers that served several generations (training's) stay; this one (an evaluation's, say) gets its own,
+            # freed when it ends: kept, an evaluation's larger buffers would add to the memory of every later step
+            decoder = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
+        else:
             self._static = None  # the old buffers go before the new ones are allocated
-            self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=self.decode == "compiled")
-        self._static.load(cache, mask, first_positions)
-        return self._static
+            decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
+        decoder.load(cache, mask, first_positions)
+        return decoder
 
     def _head(self, hidden: torch.Tensor, own_head: bool) -> torch.Tensor:
         """(B, V) float32 logits of final hidden states (B, H), as `_next_logits` computes them."""

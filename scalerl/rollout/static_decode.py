@@ -78,6 +78,7 @@ class StaticDecoder:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
         self.mask = torch.zeros((rows, 1, 1, self.capacity), dtype=torch.bool, device=device)
         self.length = 0  # columns written
+        self.uses = 0  # generations loaded
         self.rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.gqa = attn.config.num_attention_heads != kv_heads
         self.eager = attn.config._attn_implementation == "eager"
@@ -99,6 +100,7 @@ class StaticDecoder:
         embedding of every position the generation can reach is computed here at once, by the model's own module
         (elementwise in the position: the same numbers as one call per token)."""
         P = mask.shape[1]
+        self.uses += 1
         for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
             keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
         self.mask.zero_()

@@ -70,8 +70,30 @@ def test_buffers_are_kept_for_generations_of_one_shape():
     own = HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="hf").sample(shorter, params, seeds=[1, 2, 3])
     assert torch.equal(sampler.sample(shorter, params, seeds=[1, 2, 3]).completion_ids, own.completion_ids)
     assert sampler._static.keys[0] is buffers and sampler._static.capacity == 16
-    sampler.sample(PROMPTS[:1], params, seeds=[5])  # other rows: new buffers
-    assert sampler._static.keys[0] is not buffers and sampler._static.keys[0].shape[0] == 2
+    one = sampler.sample(PROMPTS[:1], params, seeds=[5])  # other rows (an evaluation's, say): buffers of its own, freed after it
+    assert torch.equal(one.completion_ids, own_sampler(model).sample(PROMPTS[:1], params, seeds=[5]).completion_ids)
+    assert sampler._static.keys[0] is buffers  # the buffers of several generations stay
+
+
+def own_sampler(model, decode: str = "hf") -> HFSampler:
+    return HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode=decode)
+
+
+def test_a_shape_seen_once_gives_way_and_a_shape_seen_often_stays():
+    """The kept buffers are those of the shape that served several generations (training's), so that an evaluation's
+    larger batch does not hold its buffers through every later step; a shape seen once (the evaluation before step 1)
+    gives way to the next."""
+    model = _model("llama")
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
+    sampler = own_sampler(model, "auto")
+    sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))  # 24 rows, once: kept until another shape comes
+    assert sampler._static.keys[0].shape[0] == 24
+    for _ in range(2):
+        sampler.sample(PROMPTS, params, seeds=[1, 2, 3])  # 6 rows, the first replaces the 24-row buffers
+    kept = sampler._static.keys[0]
+    assert kept.shape[0] == 6
+    sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))
+    assert sampler._static.keys[0] is kept and sampler._static.uses == 2
 
 
 def test_what_it_cannot_do_goes_to_the_models_forward():
