@@ -19,7 +19,11 @@ def _print_components(mem: dict[str, float]) -> None:
                 "backward_transient", "kv_cache", "optimizer_step", "reference", "critic", "peak"):
         print(f"  {key:<18} {mem[key] / GIB:10.3f} GiB")
     if mem["host"]:
-        print(f"  host memory        {mem['host'] / GIB:10.3f} GiB (optim.offload: AdamW's moments and the host copies it steps on)")
+        offload = mem["host"] - mem["restore_point"]
+        parts = [*([f"optim.offload's moments and the host copies it steps on, {offload / GIB:.3f}"] if offload else []),
+                 *([f"health.nonfinite's restore point (a copy of the trained weights and optimizer state), {mem['restore_point'] / GIB:.3f}"]
+                   if mem["restore_point"] else [])]
+        print(f"  host memory        {mem['host'] / GIB:10.3f} GiB ({'; '.join(parts)})")
 
 
 def estimate(

@@ -518,7 +518,7 @@ class HealthKLConfig(_Section):
 
 class HealthNonFiniteConfig(_Section):
     enabled: bool = Field(True, description="A NaN/Inf loss or gradient: skip the update, restore the last snapshot, turn clipping on. Off: stop at the first one.")
-    snapshot_every: int = Field(10, ge=0, description="Keep a CPU copy of the model and optimizer state every N good steps (costs ~3x the fp32 parameter bytes in RAM with AdamW); 0: no snapshot, only skip.")
+    snapshot_every: int = Field(10, ge=0, description="Keep a CPU copy of the trained weights and optimizer state every N good steps (~3x the trained fp32 parameter bytes in RAM with AdamW; none where that exceeds half the host's available memory, said at start); 0: no snapshot, only skip.")
     max_consecutive: int = Field(3, ge=1, description="Stop with an error after this many non-finite steps in a row.")
 
 

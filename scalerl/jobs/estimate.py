@@ -140,7 +140,13 @@ def component_memory(cfg, shape, mode: str, optim_8bit: bool, prompt_tokens: int
                            checkpointing=cfg.model.gradient_checkpointing, entropy=algo.entropy_coef > 0,
                            lora=(cfg.model.lora.r, cfg.model.lora.target_modules) if cfg.model.lora.enabled else None,
                            ewc=cfg.forgetting.ewc, fp32_residual=cfg.precision.fp32_residual, offload=cfg.optim.offload,
-                           logprob_chunk=cfg.train.logprob_chunk_tokens)
+                           logprob_chunk=cfg.train.logprob_chunk_tokens, restore_point=restore_points(cfg))
+
+
+def restore_points(cfg) -> bool:
+    """Whether the run keeps the non-finite response's restore point (a host copy of the trained state)."""
+    health = cfg.health
+    return health.enabled and health.nonfinite.enabled and health.nonfinite.snapshot_every > 0
 
 
 def calibrate(config_path: Path | None, overrides: list[str], steps: int) -> Path:

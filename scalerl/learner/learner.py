@@ -124,6 +124,10 @@ class LearnerSide(Protocol):
         """Keep the current weights and optimizer state in memory as the non-finite response's restore point."""
         ...
 
+    def restore_point_bytes(self) -> int:
+        """Host bytes one restore point takes on this process (trained weights and optimizer state once allocated)."""
+        ...
+
     def start(self, fresh: bool) -> list[str]:
         """The start-up lines (precision, parallel strategy); `fresh`: step 0 of a run, when EWC measures its Fisher."""
         ...
@@ -148,6 +152,19 @@ def cpu_copy(obj: Any, into: Any = None) -> Any:
         earlier = list(into) if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
         return type(obj)(cpu_copy(v, e) for v, e in zip(obj, earlier))
     return obj
+
+
+def trained_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The entries of `module`'s state dict that training changes: its parameters that require a gradient."""
+    trained = {name for name, p in module.named_parameters() if p.requires_grad}
+    return {name: t for name, t in module.state_dict().items() if name in trained}
+
+
+def load_trained_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load `trained_state`'s entries back; every other entry of `module` stays as it is."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if unexpected or set(state) - set(trained_state(module)):
+        raise RuntimeError(f"a restore point of other parameters than the model's trained ones: {sorted(unexpected)[:3]}")
 
 
 class Learner:
@@ -448,19 +465,24 @@ class Learner:
         self.state.lr_scale *= factor
         return old, self.lr()
 
+    def restore_point_bytes(self) -> int:
+        parts = self.component_bytes(expected=True)  # the trained weights (the critic's too) and the optimizer's state
+        return parts["weights"] + parts["optimizer"] + parts["error_feedback"]
+
     def snapshot(self, into: Snapshot | None = None) -> Snapshot:
-        """A CPU copy of the weights and optimizer state, written into `into`'s tensors where they match."""
-        critic = cpu_copy(self.critic.state_dict(), into and into.critic) if self.critic is not None else None
-        return Snapshot(cpu_copy(self.policy.state_dict(), into and into.policy), critic,
+        """A CPU copy of the trained weights (not LoRA's frozen base) and the optimizer state, written into `into`'s
+        tensors where they match."""
+        critic = cpu_copy(trained_state(self.critic), into and into.critic) if self.critic is not None else None
+        return Snapshot(cpu_copy(trained_state(self.policy), into and into.policy), critic,
                         cpu_copy(self.optimizer.state_dict(), into and into.optimizer))
 
     def restore(self, snap: Snapshot) -> None:
         """Load a snapshot's weights and optimizer state (the lr schedule goes on); a new policy version. The optimizer
         gets a copy: its load_state_dict keeps tensors already on the right device and dtype as they are, so it would
         otherwise update the snapshot's own moments in place and a second restore would load later steps' moments."""
-        self.policy.load_state_dict(snap.policy)
+        load_trained_state(self.policy, snap.policy)
         if self.critic is not None:
-            self.critic.load_state_dict(snap.critic)
+            load_trained_state(self.critic, snap.critic)
         self.optimizer.load_state_dict(cpu_copy(snap.optimizer))
         self.state.version += 1
 

@@ -8,10 +8,13 @@ health guard passes them to `Learner.respond`):
   restore point of model and optimizer (the job then hands the restored weights to the rollout side),
   and turn gradient clipping on at 1.0 if it was off (learner state; the config stays as written).
 
-The restore point is a CPU copy of the policy (and critic) weights and the optimizer state, taken
-every nonfinite.snapshot_every good steps: with AdamW about 3 × the fp32 parameter bytes of host
-RAM (12 MB for the 1M-parameter built-in model, ~84 GB for a 7B model: set snapshot_every: 0
-there, which keeps only the skip). The lr schedule, β and the data position are not rolled back.
+The restore point is a CPU copy of the trained weights of the policy (and critic) and the optimizer
+state, taken every nonfinite.snapshot_every good steps: with AdamW about 3 × the fp32 bytes of the
+trained parameters in host RAM (12 MB for the 1M-parameter built-in model, ~84 GB for a 7B model
+trained in full; LoRA's frozen base is not copied). Where one would take over half of the host memory
+available to the process, none is kept and the start says so (scalerl/trainer/health_guard.py), as
+with snapshot_every: 0, which keeps only the skip. The lr schedule, β and the data position are not
+rolled back.
 """
 
 from __future__ import annotations

@@ -182,7 +182,8 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
                     prompt_len: int, completion_len: int, rollout_sequences: int, reference: bool = False,
                     reference_8bit: bool = False, critic: str | None = None, checkpointing: bool = False,
                     entropy: bool = False, lora: tuple[int, list[str] | str] | None = None, ewc: bool = False,
-                    fp32_residual: bool = False, offload: bool = False, logprob_chunk: int | None = 0) -> dict[str, float]:
+                    fp32_residual: bool = False, offload: bool = False, logprob_chunk: int | None = 0,
+                    restore_point: bool = False) -> dict[str, float]:
     """Bytes per component for one process holding the whole model (see the module docstring), and the peak.
     `lora` = (r, target_modules): weights, gradients and optimizer states are the adapters' (`lora_tensors`),
     the base is `frozen_base` at the weights' width, and the reference costs nothing (the base, adapters off).
@@ -190,7 +191,9 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
     `offload` (optim.offload): the moments leave the device; `host` counts them with the pinned float32 copies
     of the weights and gradients the host steps on. `logprob_chunk` (train.logprob_chunk_tokens; None: auto, 0:
     never): where the micro-batch's completion positions exceed a chunk, the LM head runs chunk by chunk
-    (`chunked_head_bytes`): no logits are kept for backward, nor the FP32 head's float32 copies."""
+    (`chunked_head_bytes`): no logits are kept for backward, nor the FP32 head's float32 copies. `restore_point`
+    (health.nonfinite.snapshot_every > 0): the learner's CPU copy of the trained weights and optimizer state (the
+    critic's too), counted in `host` (scalerl/learner/recovery.py)."""
     precision = LEGACY_NAMES.get(precision, precision)
     if precision not in PRECISIONS:
         raise ScaleRLError(f"--precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -228,11 +231,16 @@ def estimate_memory(shape: ModelShape, *, precision: str = "fp32", optim_8bit: b
         shape, micro_batch=micro_batch, completion_len=completion_len, entropy=entropy, head_grad=not lora, bf16_weights=p.weights < 4)
     # AdamW with bf16 or 8-bit moments steps each tensor in float32 with up to four temporaries of its size
     out["optimizer_step"] = 16.0 * max(math.prod(t) for t in trained) if p.moments != "float32" or optim_8bit else 0.0
+    kept = ("weights", "optimizer", "error_feedback")
+    out["restore_point"] = sum(out[k] for k in kept) if restore_point else 0.0
+    if restore_point and critic == "separate":
+        out["restore_point"] += sum(v for k, v in state_bytes(body, p, optim_8bit=optim_8bit).items() if k in kept)
     if offload:
         trained_n = sum(math.prod(t) for t in trained)
         out["host"], out["optimizer"] = out["optimizer"] + 8.0 * trained_n, 0.0
     else:
         out["host"] = 0.0
+    out["host"] += out["restore_point"]
     out["states"] = sum(out[k] for k in ("weights", "gradients", "optimizer", "error_feedback", "frozen_base", "ewc", "working_copy",
                                          "reference", "critic"))
     out["peak"] = out["states"] + max(out["activations"] + out["backward_transient"], out["kv_cache"], out["optimizer_step"])

@@ -1,16 +1,18 @@
 """The health guard: after every step it runs the health rules (scalerl/monitor/health.py), logs the
 events (events.jsonl, the console, a webhook), hands the learner the events it responds to
 (`LearnerSide.respond`: scalerl/learner/recovery.py), keeps the learner's in-memory restore point
-fresh, and stops the run with a one-line error after nonfinite.max_consecutive non-finite steps in a
+fresh (where the host has room for it: `no_room_for_restore_points`), and stops the run with a one-line error after nonfinite.max_consecutive non-finite steps in a
 row. reward_collapse: the step's prompts, completions and rewards go to collapse/step_N.jsonl."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
 from rich.markup import escape
 
@@ -34,6 +36,19 @@ def dump_samples(batch: ScoredBatch, run_dir: Path, step: int) -> str:
     return str(path.relative_to(run_dir))
 
 
+def no_room_for_restore_points(need: int) -> str | None:
+    """Why this machine keeps no restore point (None: it does): one would take over half of the host memory available
+    to each of the processes of this machine (LOCAL_WORLD_SIZE), e.g. the 84 GB of a 7B model's fp32 weights and AdamW
+    moments. The run then only skips a non-finite step, as with health.nonfinite.snapshot_every: 0."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    available = psutil.virtual_memory().available / processes
+    if need <= 0.5 * available:
+        return None
+    return (f"health.nonfinite.snapshot_every: a restore point (the trained weights and optimizer state) takes {need / 1e9:.3g} GB "
+            f"of host memory, over half of the {available / 1e9:.3g} GB available to this process: none kept, a non-finite step "
+            "is only skipped (set health.nonfinite.snapshot_every: 0 to say so)")
+
+
 class HealthGuard:
     """Runs the health rules after every step, applies the responses and logs the events."""
 
@@ -54,7 +69,11 @@ class HealthGuard:
             for row in read_metrics(run_dir):
                 if row["step"] <= resume_after and row["loss"] is not None and row["grad_norm"] is not None:
                     self.monitor.observe(row["step"], row)
-        if self.cfg.enabled and self.cfg.nonfinite.enabled and self.cfg.nonfinite.snapshot_every:
+        self.snapshot_every = cfg.nonfinite.snapshot_every if cfg.enabled and cfg.nonfinite.enabled else 0
+        if self.snapshot_every and (why := no_room_for_restore_points(learner.restore_point_bytes())) is not None:
+            printer(escape(why))
+            self.snapshot_every = 0
+        if self.snapshot_every:
             learner.restore_point(resume_after or 0)
 
     def state_dict(self) -> dict[str, Any]:
@@ -87,7 +106,7 @@ class HealthGuard:
             if event.rule == "nonfinite" and self.monitor.nonfinite_streak >= cfg.nonfinite.max_consecutive:
                 raise ScaleRLError(f"step {self.monitor.nonfinite_first}: loss or gradient norm is not finite for "
                                    f"{self.monitor.nonfinite_streak} steps in a row (to step {step}); lower optim.lr or keep optim.max_grad_norm set")
-        every = cfg.nonfinite.snapshot_every
+        every = self.snapshot_every
         if finite and every and step % every == 0:
             self.learner.restore_point(step)
         return self.log.metrics()

@@ -119,6 +119,21 @@ def test_the_estimate_of_a_lora_run_matches_the_learner_and_the_hand_count(runs)
     frozen = sum(p.numel() * p.element_size() for p in learner.policy.parameters() if not p.requires_grad)
     assert frozen == est["frozen_base"]
 
+    # the non-finite response's restore point copies the adapters and their moments, not the frozen base
+    with_point = estimate_memory(shape_of_model_path("builtin"), micro_batch=1, prompt_len=1, completion_len=1, rollout_sequences=1,
+                                 reference=True, lora=(4, "all-linear"), restore_point=True)
+    assert with_point["restore_point"] == with_point["host"] == est["weights"] + est["optimizer"] == learner.restore_point_bytes()
+    learner.learn(_rollout.produce(1), 1)
+    learner.restore_point(1)
+    snap = learner.kept_snapshot
+    assert set(snap.policy) == {n for n, p in learner.policy.named_parameters() if p.requires_grad}
+    moments = sum(t.numel() * t.element_size() for s in snap.optimizer["state"].values() for k, t in s.items() if k != "step")
+    assert sum(t.numel() * t.element_size() for t in snap.policy.values()) + moments == with_point["restore_point"]
+    kept = {n: p.detach().clone() for n, p in learner.policy.named_parameters()}
+    learner.learn(_rollout.produce(2), 2)
+    learner.restore(snap)
+    assert all(torch.equal(kept[n], p) for n, p in learner.policy.named_parameters())
+
 
 def test_lora_config_errors_are_one_line():
     from scalerl.errors import ScaleRLError

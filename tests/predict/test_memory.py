@@ -45,6 +45,10 @@ def test_components_small_shape():
     off = estimate_memory(s, precision="fp32", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4, reference=True,
                           offload=True)
     assert off["optimizer"] == 0 and off["host"] == 1352 * 16 and off["peak"] == m["peak"] - 1352 * 8 and m["host"] == 0
+    # health.nonfinite's restore point: a host copy of the weights and the moments, beside the offloaded ones
+    point = estimate_memory(s, precision="fp32", micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4, reference=True,
+                            offload=True, restore_point=True)
+    assert point["restore_point"] == 1352 * 12 and point["host"] == 1352 * 28 and point["peak"] == off["peak"]
     m8 = estimate_memory(s, precision="standard", optim_8bit=True, micro_batch=2, prompt_len=3, completion_len=5, rollout_sequences=4)
     # 8-bit moments: 2 bytes per value plus two float32 scales per 256-value block of each tensor; the tensors
     # (embed 80, per layer 64 + 32 + 32 + 64 + 128·3 + 8 + 8, final norm 8, head 80) hold at most 256 values

@@ -80,6 +80,24 @@ def test_nan_step_is_skipped_and_the_snapshot_restored(runs, monkeypatch):
     assert summary["health_events"]["nonfinite"] == 1
 
 
+def test_without_room_for_a_restore_point_the_start_says_so_and_a_nan_step_is_only_skipped(runs, monkeypatch, capsys):
+    """A restore point over half of the host's available memory (a 7B model's 84 GB, say) is not taken: one start line
+    names the key, and the non-finite response skips the update without restoring."""
+    from scalerl.trainer import health_guard
+
+    real = health_guard.psutil.virtual_memory()
+    tiny = real._replace(available=2 * 10**6)  # the built-in model's restore point (~12 MB) is over half of 2 MB
+    monkeypatch.setattr(health_guard.psutil, "virtual_memory", lambda: tiny)
+    track = _poison_loss(monkeypatch, {2})
+    t, _summary, rows, events = _run(runs, "noroom", monkeypatch, track, **{"train.steps": 3, "log.console": "plain"})
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert "health.nonfinite.snapshot_every: a restore point (the trained weights and optimizer state) takes 0.0128 GB" in out
+    assert "over half of the 0.002 GB available to this process: none kept" in out
+    [event] = [e for e in events if e["rule"] == "nonfinite"]
+    assert t.kept_snapshot is None and event["restored_step"] is None and "restored" not in event["action"]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["loss"] is None and math.isfinite(rows[2]["loss"])
+
+
 def test_repeated_nan_gives_up_with_the_one_line_error(runs, monkeypatch):
     track = _poison_loss(monkeypatch, {2, 3, 4, 5, 6})
     with pytest.raises(ScaleRLError, match=r"^step 2: loss or gradient norm is not finite for 2 steps in a row \(to step 3\)"):
