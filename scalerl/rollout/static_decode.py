@@ -103,6 +103,8 @@ class StaticDecoder:
         self.uses += 1
         for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
             keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
+            if self.eager:  # its attention weights of the columns not yet written are 0: their values must be finite
+                values[:, :, P:].zero_()
         self.mask.zero_()
         self.mask[:, 0, 0, :P] = mask.bool()
         self.start = self.length = P
@@ -120,6 +122,8 @@ class StaticDecoder:
         cos, sin = self.cos[:, i:i + 1], self.sin[:, i:i + 1]
         if self.compiled:  # fixed shapes: the column as a tensor, attention over the whole buffer
             return self._step(tokens[:, None], cos, sin, torch.tensor([c], device=tokens.device), self.mask)
+        if self.eager:  # eager's matmuls over the whole buffer, the columns not yet written masked (load zeroes their values)
+            return self._step(tokens[:, None], cos, sin, c, self.mask)
         return self._step(tokens[:, None], cos, sin, c, self.mask[..., : c + 1])
 
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, column: int | torch.Tensor,
@@ -150,7 +154,9 @@ class StaticDecoder:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
         """(B, heads, 1, D): the model's attention implementation's arithmetic, sdpa's kernel or eager's two matmuls
-        with the softmax in float32 (bench/static_decode.py measures both)."""
+        with the softmax in float32 (bench/static_decode.py measures both). Eager's run over the whole buffer: over
+        the written columns alone, a strided slice, each batched matmul copies the slice first (at W2's shape 4x
+        slower); a masked column's weight is exactly 0, so the numbers are the same to round-off."""
         if not self.eager:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=self.gqa)
         if self.gqa:  # repeat each key/value head for its group of query heads

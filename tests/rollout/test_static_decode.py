@@ -53,8 +53,23 @@ def test_under_bf16_autocast_it_runs_the_same_arithmetic():
     own, _ = _sample(model, "hf", params, autocast)
     static, sampler = _sample(model, "auto", params, autocast)
     assert sampler._static is not None
+    assert sampler._static.keys[0].dtype == torch.bfloat16  # what autocast casts the cache to for every product, once
     assert torch.equal(static.completion_ids, own.completion_ids)
     torch.testing.assert_close(static.sampler_logprobs, own.sampler_logprobs, atol=2e-2, rtol=2e-2)
+
+
+def test_eager_attention_over_the_whole_buffer_ignores_what_the_columns_not_yet_written_hold():
+    """Eager attention runs over every column of the buffers, the unwritten ones masked: whatever an earlier generation
+    left there (here NaN) must not reach this one's numbers."""
+    model = _model("llama", "eager")
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
+    own, _ = _sample(model, "hf", params)
+    _, sampler = _sample(model, "auto", params)
+    for buffer in (*sampler._static.keys, *sampler._static.values):
+        buffer.fill_(float("nan"))
+    again, _ = _sample(model, "auto", params, sampler=sampler)
+    assert torch.equal(again.completion_ids, own.completion_ids)
+    torch.testing.assert_close(again.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
 
 
 def test_buffers_are_kept_for_generations_of_one_shape():
