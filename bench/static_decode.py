@@ -7,7 +7,7 @@ reference task's prompts; each mode's sampler is built once and the modes altern
 after a warm-up; medians. `compiled`'s first generation (torch.compile) is reported apart, with how many
 generations it takes to pay for itself.
 
-    python bench/static_decode.py [--rounds 15] [--compiled] [--save]
+    python bench/static_decode.py [--rounds 15] [--compiled] [--tag _evening] [--save]
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true", help="also rollout.decode=compiled (torch.compile: 4-15 s per shape on a 2-core CPU)")
     ap.add_argument("--device", default="cpu", help="cuda: compiled is torch.compile's reduce-overhead mode (CUDA graphs); results "
                                                     "file static_decode_gpu_<date>")
-    ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}.json")
+    ap.add_argument("--tag", default="", help="appended to the results file's name (a second run on one date)")
+    ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}<tag>.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     try:
@@ -103,9 +104,11 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.save:
         gpu = "_gpu" if device.type == "cuda" else ""
-        out = Path(__file__).parent / "results" / f"static_decode{gpu}_{date.today()}.json"
+        out = Path(__file__).parent / "results" / f"static_decode{gpu}_{date.today()}{args.tag}.json"
+        tag = f" --tag {args.tag}" if args.tag else ""
         out.write_text(json.dumps({"date": str(date.today()), "threads": args.threads, "command": "python bench/static_decode.py "
-                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --device {args.device} --save", "rows": rows}, indent=1))
+                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --device {args.device}{tag} --save",
+                                   "rows": rows}, indent=1))
         print(f"wrote {out}")
 
 

@@ -9,7 +9,7 @@ Per round: TRL --bf16 and ScaleRL precision.mode=standard (its bf16), both with 
 ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
 TRL's best configuration, and the fraction of the 2048² matmul peak of the dtype it ran in
 (`fraction_of_peak`) and of the bf16 peak (`fraction_of_bf16_peak`), both measured by each run itself;
-`--save` writes bench/results/w2_parity_<date>.{json,md}. Run it alone on the machine.
+`--save` writes bench/results/w2_parity_<date><--tag>.{json,md}. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--extra-runs", type=int, default=1, help="rounds that also run the others")
     ap.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "bench")
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".bench" / "trl-venv" / "bin" / "python")
+    ap.add_argument("--tag", default="", help="appended to the results files' names (a second run on one date)")
     ap.add_argument("--save", action="store_true")
     args = ap.parse_args()
     if not args.trl_python.exists():
@@ -80,9 +81,9 @@ def main() -> None:
         date = datetime.date.today().isoformat()
         cmd = "python bench/w2_parity.py " + " ".join(sys.argv[1:])
         out = ROOT / "bench" / "results"
-        (out / f"w2_parity_{date}.json").write_text(json.dumps({"date": date, "command": cmd, "best_trl": best_trl,
+        (out / f"w2_parity_{date}{args.tag}.json").write_text(json.dumps({"date": date, "command": cmd, "best_trl": best_trl,
                                                                 "medians": medians, "runs": results}, indent=1))
-        (out / f"w2_parity_{date}.md").write_text(f"# W2 side by side, {date}\n\n`{cmd}` (2 threads, alone on the machine, "
+        (out / f"w2_parity_{date}{args.tag}.md").write_text(f"# W2 side by side, {date}\n\n`{cmd}` (2 threads, alone on the machine, "
                                                   "alternating; medians)\n\n" + "\n".join(lines) + "\n")
 
 

@@ -162,9 +162,10 @@ def trained_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_trained_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load `trained_state`'s entries back; every other entry of `module` stays as it is."""
-    missing, unexpected = module.load_state_dict(state, strict=False)
-    if unexpected or set(state) - set(trained_state(module)):
-        raise RuntimeError(f"a restore point of other parameters than the model's trained ones: {sorted(unexpected)[:3]}")
+    other = sorted(set(state) - set(trained_state(module)))
+    if other:
+        raise RuntimeError(f"a restore point of other entries than the model's trained parameters: {other[:3]}")
+    module.load_state_dict(state, strict=False)
 
 
 class Learner:

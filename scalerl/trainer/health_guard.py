@@ -1,8 +1,9 @@
 """The health guard: after every step it runs the health rules (scalerl/monitor/health.py), logs the
 events (events.jsonl, the console, a webhook), hands the learner the events it responds to
 (`LearnerSide.respond`: scalerl/learner/recovery.py), keeps the learner's in-memory restore point
-fresh (where the host has room for it: `no_room_for_restore_points`), and stops the run with a one-line error after nonfinite.max_consecutive non-finite steps in a
-row. reward_collapse: the step's prompts, completions and rewards go to collapse/step_N.jsonl."""
+fresh (where the host has room for it: `no_room_for_restore_points`), and stops the run with a one-line
+error after nonfinite.max_consecutive non-finite steps in a row. reward_collapse: the step's prompts,
+completions and rewards go to collapse/step_N.jsonl."""
 
 from __future__ import annotations
 
