@@ -9,14 +9,17 @@ autocast act on them as on the model's forward) and the model's attention arithm
 matmuls and float32 softmax) over the buffers, with a padding mask it extends by one column per token. The numbers are the model's own to float round-off (tests/rollout/
 test_static_decode.py samples the same tokens).
 
-`python bench/static_decode.py --rounds 9 --compiled --save` on this project's 2-core EPYC, 2026-12-07
-(bench/results/static_decode_2026-12-07.json; random weights): a generation at the reference benchmark's shape
-(W1: hidden 128, 64 rows, up to 8 tokens, fp32) 29.4 ms with the model's forward, 25.1 ms
-here (1.17x); at W2's (hidden 512, 128 rows, 32 tokens, bf16 autocast, eager attention) 1.38 s and 1.27 s (1.09x).
+`python bench/static_decode.py --rounds 9 --compiled --tag _late --save` on this project's 2-core EPYC, 2026-12-07
+(bench/results/static_decode_2026-12-07_late.json; random weights): a generation at the reference benchmark's shape
+(W1: hidden 128, 64 rows, up to 8 tokens, fp32) 36.9 ms with the model's forward, 32.8 ms
+here (1.13x); at W2's (hidden 512, 128 rows, 32 tokens, bf16 autocast, eager attention) 1.58 s and 1.27 s (1.25x).
+Under autocast the buffers hold keys and values in its dtype (the model's forward casts its whole fp32 cache for
+every product), and eager attention runs over the whole buffer (see `_attend`).
 `compiled` runs the step (fixed shapes: attention over the whole buffer, the mask hiding the columns not yet
 written; buffers a multiple of BUCKET long, so prompts of other lengths reuse the graph) through `torch.compile`
-once per batch shape: 4-15 s on this CPU, for 1.5-1.7x at W1 and 1.29x at W2 with eager attention (0.87x with
-sdpa's); it pays for itself after ~320-840 generations at W1 and ~32 at W2, so `auto` does not compile.
+once per batch shape: 3-15 s on this CPU, for 1.4-1.7x at W1 and 1.45x at W2 with eager attention (1.04x with
+sdpa's) against the model's forward, ~1.2x against `auto` at W2 eager; it pays for itself after hundreds of
+generations at W1 and ~50 at W2, so `auto` does not compile.
 
 Families whose decoder layers are Llama's (llama, mistral, qwen2, qwen3: pre-norm, rotary, optional q/k norms and
 biases); others, sliding windows shorter than the sequence, or attention other than sdpa/eager take the model's forward.
