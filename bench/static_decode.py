@@ -2,12 +2,12 @@
 
 W1: the reference benchmark's model (shared/bench: hidden 128, 4 layers, vocab 20), 8 prompts x 8 completions, up to 8
 new tokens (rows stop at EOS), fp32. W2: bench/scalerl_w2.py's model (hidden 512, 8 layers, MLP 1536), 16 x 8 completions, 32 new tokens
-(EOS masked, every row decodes all 32), bf16 autocast. Random weights (the time does not depend on them), the
+(EOS masked, every row decodes all 32), bf16 autocast. W2-GQA: the same with 2 key/value heads for its 8 query heads. Random weights (the time does not depend on them), the
 reference task's prompts; each mode's sampler is built once and the modes alternate, `--rounds` generations each
 after a warm-up; medians. `compiled`'s first generation (torch.compile) is reported apart, with how many
 generations it takes to pay for itself.
 
-    python bench/static_decode.py [--rounds 15] [--compiled] [--tag _evening] [--save]
+    python bench/static_decode.py [--rounds 15] [--compiled] [--shapes W1,W2,W2-GQA] [--tag _evening] [--save]
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ SHAPES = {
                prompts=8, n=8, new=8, min_new=0, bf16=False),
     "W2": dict(model=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, intermediate_size=1536),
                prompts=16, n=8, new=32, min_new=32, bf16=True),
+    # W2 with grouped-query attention (8 query heads on 2 key/value heads, as most current models have)
+    "W2-GQA": dict(model=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, intermediate_size=1536),
+                   prompts=16, n=8, new=32, min_new=32, bf16=True),
 }
 
 
@@ -79,6 +82,7 @@ def main() -> None:
     ap.add_argument("--compiled", action="store_true", help="also rollout.decode=compiled (torch.compile: 4-15 s per shape on a 2-core CPU)")
     ap.add_argument("--device", default="cpu", help="cuda: compiled is torch.compile's reduce-overhead mode (CUDA graphs); results "
                                                     "file static_decode_gpu_<date>")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--tag", default="", help="appended to the results file's name (a second run on one date)")
     ap.add_argument("--save", action="store_true", help=f"write bench/results/static_decode_{date.today()}<tag>.json")
     args = ap.parse_args()
@@ -96,8 +100,12 @@ def main() -> None:
                   "(bash bench/gpu_check.sh run) or with --device cpu", file=sys.stderr)
             sys.exit(2)
     modes = ["hf", "auto"] + (["compiled"] if args.compiled else [])
+    shapes = args.shapes.split(",")
+    if unknown := [name for name in shapes if name not in SHAPES]:
+        print(f"--shapes: {', '.join(unknown)} not one of {', '.join(SHAPES)}", file=sys.stderr)
+        sys.exit(2)
     rows = []
-    for name in SHAPES:
+    for name in shapes:
         for attn in ("sdpa", "eager"):
             row = measure(name, attn, modes, args.rounds, device)
             rows.append(row)
@@ -107,7 +115,7 @@ def main() -> None:
         out = Path(__file__).parent / "results" / f"static_decode{gpu}_{date.today()}{args.tag}.json"
         tag = f" --tag {args.tag}" if args.tag else ""
         out.write_text(json.dumps({"date": str(date.today()), "threads": args.threads, "command": "python bench/static_decode.py "
-                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --device {args.device}{tag} --save",
+                                   f"--rounds {args.rounds}{' --compiled' if args.compiled else ''} --shapes {args.shapes} --device {args.device}{tag} --save",
                                    "rows": rows}, indent=1))
         print(f"wrote {out}")
 
