@@ -203,8 +203,8 @@ class HFSampler:
         dtype = cache.layers[0].keys.dtype
         if torch.is_autocast_enabled(mask.device.type):
             # autocast casts the keys and values to its dtype for every attention product (the model's forward casts
-            # its whole fp32 cache each token, ~40 % of W2's generation): buffers in that dtype take the same numbers
-            # once, as each token's column is written, at half the memory
+            # its whole fp32 cache every token): buffers in that dtype take the same numbers once, as each token's
+            # column is written, at half the memory
             dtype = torch.get_autocast_dtype(mask.device.type)
         kept, compiled = self._static, self.decode == "compiled"
         if kept is not None and kept.fits(rows, capacity, dtype):
