@@ -112,7 +112,9 @@ class StaticDecoder:
         self.mask[:, 0, 0, :P] = mask.bool()
         self.start = self.length = P
         positions = first_positions[:, None] + torch.arange(self.capacity - P, device=mask.device)  # (B, new tokens)
-        probe = self.decoder.embed_tokens.weight[:1]  # the rotary module takes its dtype from its input
+        # the rotary module takes its dtype from its input: the hidden states' in the model's forward, which the prompt's
+        # keys carry (bf16 where precision.mode=standard casts the residual stream, float32 under plain autocast)
+        probe = torch.empty(1, dtype=prefill_cache.layers[0].keys.dtype, device=mask.device)
         self.cos, self.sin = self.decoder.rotary_emb(probe, positions)  # (B, new tokens, D)
 
     @torch.no_grad()

@@ -58,6 +58,24 @@ def test_under_bf16_autocast_it_runs_the_same_arithmetic():
     torch.testing.assert_close(static.sampler_logprobs, own.sampler_logprobs, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_under_standard_precision_its_log_probs_are_the_models_own(attn):
+    """precision.mode=standard casts the residual stream to bf16, so the model's forward runs its rotary embedding in
+    bf16: the static decode does too (its rotary in float32 moved the log-probs by up to 7e-4)."""
+    from scalerl.config import load_config
+    from scalerl.precision.apply import prepare_policy
+
+    model = _model("llama", attn)
+    prepare_policy(model, load_config(overrides={"precision.mode": "standard"}).precision_policy, torch.device("cpu"))
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    params = SamplingParams(max_new_tokens=10, min_new_tokens=10, temperature=1.0, n=3)
+    own, _ = _sample(model, "hf", params, autocast)
+    static, sampler = _sample(model, "auto", params, autocast)
+    assert sampler._static.cos.dtype == torch.bfloat16
+    assert torch.equal(static.completion_ids, own.completion_ids)
+    assert torch.equal(static.sampler_logprobs, own.sampler_logprobs)
+
+
 def test_eager_attention_over_the_whole_buffer_ignores_what_the_columns_not_yet_written_hold():
     """Eager attention runs over every column of the buffers, the unwritten ones masked: whatever an earlier generation
     left there (here NaN) must not reach this one's numbers."""
