@@ -7,7 +7,7 @@ allocated once for the longest completion, writes each token's in place, and run
 (norms, projections, the model's rotary embedding and its `apply_rotary_pos_emb`, the MLP: LoRA adapters and
 autocast act on them as on the model's forward) and the model's attention arithmetic (sdpa's kernel, or eager's
 matmuls and float32 softmax) over the buffers, with a padding mask it extends by one column per token. The numbers are the model's own to float round-off (tests/rollout/
-test_static_decode.py samples the same tokens).
+test_static_decode.py samples the same tokens; under precision.mode=standard the log-probs are bitwise the same).
 
 `python bench/static_decode.py --rounds 9 --compiled --tag _late --save` on this project's 2-core EPYC, 2026-12-07
 (bench/results/static_decode_2026-12-07_late.json; random weights): a generation at the reference benchmark's shape
