@@ -86,6 +86,9 @@ class StaticDecoder:
         self.gqa = attn.config.num_attention_heads != kv_heads
         self.eager = attn.config._attn_implementation == "eager"
         self.compiled = compiled
+        # attention over every column of the buffers, those not yet written masked: the compiled step (fixed shapes)
+        # and eager's matmuls (over a slice, each batched matmul would copy it first: 4x slower at W2's shape)
+        self.whole_buffer = compiled or self.eager
         # on a GPU the compiled step replays as a CUDA graph (reduce-overhead): one launch per token instead of one per kernel
         mode = "reduce-overhead" if device.type == "cuda" else None
         self._step: Callable = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else self._forward
@@ -106,7 +109,7 @@ class StaticDecoder:
         self.uses += 1
         for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
             keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
-            if self.eager:  # its attention weights of the columns not yet written are 0: their values must be finite
+            if self.whole_buffer:  # the columns not yet written get attention weight 0: their values must be finite
                 values[:, :, P:].zero_()
         self.mask.zero_()
         self.mask[:, 0, 0, :P] = mask.bool()
@@ -125,11 +128,8 @@ class StaticDecoder:
         self.mask[:, 0, 0, c] = True
         self.length += 1
         cos, sin = self.cos[:, i:i + 1], self.sin[:, i:i + 1]
-        if self.compiled:  # fixed shapes: the column as a tensor, attention over the whole buffer
-            return self._step(tokens[:, None], cos, sin, torch.tensor([c], device=tokens.device), self.mask)
-        if self.eager:  # eager's matmuls over the whole buffer, the columns not yet written masked (load zeroes their values)
-            return self._step(tokens[:, None], cos, sin, c, self.mask)
-        return self._step(tokens[:, None], cos, sin, c, self.mask[..., : c + 1])
+        column = torch.tensor([c], device=tokens.device) if self.compiled else c  # compiled: fixed shapes, the column a tensor
+        return self._step(tokens[:, None], cos, sin, column, self.mask if self.whole_buffer else self.mask[..., : c + 1])
 
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, column: int | torch.Tensor,
                  visible: torch.Tensor) -> torch.Tensor:
@@ -159,9 +159,8 @@ class StaticDecoder:
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
         """(B, heads, 1, D): the model's attention implementation's arithmetic, sdpa's kernel or eager's two matmuls
-        with the softmax in float32 (bench/static_decode.py measures both). Eager's run over the whole buffer: over
-        the written columns alone, a strided slice, each batched matmul copies the slice first (at W2's shape 4x
-        slower); a masked column's weight is exactly 0, so the numbers are the same to round-off."""
+        with the softmax in float32 (bench/static_decode.py measures both). Over the whole buffer (`whole_buffer`) a
+        masked column's weight is exactly 0, so the numbers are those over the written columns to round-off."""
         if not self.eager:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=self.gqa)
         B, heads, _, D = q.shape

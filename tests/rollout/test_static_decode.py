@@ -156,6 +156,9 @@ def test_the_compiled_step_samples_the_same_tokens(caplog):
     assert torch.equal(compiled.completion_ids, own.completion_ids)
     torch.testing.assert_close(compiled.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
     graph = sampler._static
+    for buffer in graph.values:  # the compiled step attends over every column: what an earlier generation left there
+        buffer.fill_(float("nan"))  # (here NaN) must not reach the next one's numbers
+    assert torch.equal(sampler.sample(PROMPTS, params, seeds=[11, 12, 13]).completion_ids, own.completion_ids)
     shorter = [[1, 5, 14, 7, 15]] * 3  # another prompt length, the same rows: the same buffers and graph
     assert torch.equal(sampler.sample(shorter, params, seeds=[1, 2, 3]).completion_ids,
                        HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="hf").sample(shorter, params, seeds=[1, 2, 3]).completion_ids)
