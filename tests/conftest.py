@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import inprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2` on 2 cores: one thread per worker (and its subprocesses), no oversubscription
@@ -32,8 +34,13 @@ def tiny_overrides(run_dir: Path, name: str, **extra) -> dict:
     return overrides
 
 
-def run_cli(*args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a console entry point of this checkout (`python -m ...`), capturing its output."""
+def run_cli(*args: str, timeout: float = 300, env: dict | None = None, process: bool = False) -> subprocess.CompletedProcess:
+    """Run a console entry point of this checkout (`python -m ...`), capturing its output: in this process for the
+    entry points of tests/inprocess.py (the same exit code and output, without a new interpreter's imports), unless
+    `process` (the test needs a process of its own), `env` is given (PYTHONPATH, HF_HUB_OFFLINE and the like are read
+    when a process starts or a library is imported) or the command is not one of them; `timeout` holds for a process."""
+    if not process and not env and len(args) > 1 and args[0] == "-m" and args[1] in inprocess.ENTRY_POINTS:
+        return inprocess.run_module(args[1], list(args[2:]), {"OMP_NUM_THREADS": "1"}, ROOT)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 

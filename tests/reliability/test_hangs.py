@@ -109,7 +109,7 @@ def _rank_pids(launcher: int) -> dict[int, int]:
     return found
 
 
-@pytest.mark.slow  # two torchrun ranks to a checkpoint, then torchrun's grace for the stopped rank: about 90 s on 2 cores
+@pytest.mark.slow  # two torchrun ranks to a checkpoint, then the deadline: about 30 s on 2 cores
 def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path, fault):
     """`scalerl train --nproc 2` (gloo): rank 1 stopped after a checkpoint; rank 0's next collective times out at
     health.hang.deadline_s (torch's default: 30 minutes) and the run ends in one line naming the silent rank."""
@@ -130,8 +130,13 @@ def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path,
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
         kept = ckpt.latest_checkpoint(root)
-        proc.wait(timeout=DEADLINE_S + MARGIN_S + 60)  # today: 30 minutes (torch's default timeout), so this raises
+        # today: 30 minutes (torch's default timeout), so this raises
+        _wait_for(lambda: "did not answer" in log.read_text(), proc, "rank 0's line", timeout=DEADLINE_S + MARGIN_S + 60)
         elapsed = time.monotonic() - stopped_at
+        # torchrun then sends the stopped rank SIGTERM and, 30 s later (torch 2.13's fixed wait when no restart is
+        # left), SIGKILL: that wait is torch's, not what this test measures, so the SIGKILL comes at once
+        _release(stopped)
+        proc.wait(timeout=60)
     finally:
         proc.kill()
         for pid in ranks.values():  # the stopped rank above all; the others if the launcher went first
@@ -141,14 +146,14 @@ def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path,
     assert proc.returncode not in (0, None)
     assert line.startswith(f"error: rank 0 of 2 waited {DEADLINE_S} s in a collective and rank 1 did not answer "
                            f"(health.hang.deadline_s={DEADLINE_S})"), line
-    assert elapsed < DEADLINE_S + MARGIN_S + 30, elapsed  # + torchrun's SIGTERM-then-SIGKILL grace for the stopped rank
+    assert elapsed < DEADLINE_S + MARGIN_S, elapsed
     newest = ckpt.latest_checkpoint(root)
     assert newest is not None and newest.name >= kept.name and str(newest) in line and ckpt.verify_checkpoint(newest) is None
     hangs = [e for e in read_events(runs / "peer") if e["rule"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["part"] == "torchrun peer (rank 1)", hangs
     fault("hangs", f"SIGSTOP of rank 1 of `scalerl train --nproc 2` (gloo) after its checkpoint (health.hang.deadline_s={DEADLINE_S})",
-          f"rank 0 reported it in one line naming rank 1 and the deadline; the run stopped in {elapsed:.0f} s (torchrun's grace "
-          "for the stopped rank included); the last checkpoint verified; a `hang` event in events.jsonl")
+          f"rank 0 reported it in one line naming rank 1 and the deadline, {elapsed:.0f} s after the stop; the launcher "
+          "exited non-zero; the last checkpoint verified; a `hang` event in events.jsonl")
 
 
 def test_a_stopped_reward_function_worker_is_replaced_and_reported(runs, tmp_path, fault, monkeypatch):
