@@ -47,8 +47,8 @@ def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path) -> 
         saved_fds = os.dup(1), os.dup(2)
         os.dup2(out.fileno(), 1)
         os.dup2(err.fileno(), 2)
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 (closed below)
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
         root.handlers = []
         try:
             os.environ.update(env)
@@ -63,12 +63,12 @@ def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path) -> 
             else:
                 print(stop.code, file=sys.stderr)
                 code = 1
-        except Exception:
+        except Exception:  # noqa: BLE001 (what the interpreter does with an uncaught one: the traceback, exit 1)
             traceback.print_exc()
             code = 1
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                stream.close()  # flushed; its file descriptor stays open (closefd=False)
             sys.stdout, sys.stderr = saved_streams
             os.dup2(saved_fds[0], 1)
             os.dup2(saved_fds[1], 2)

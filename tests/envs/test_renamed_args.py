@@ -51,7 +51,7 @@ def test_older_spelling_still_works_and_warns_once(env, old, new, tmp_path, capl
 
 def test_cli_shows_one_deprecation_line(tmp_path):
     proc = run_cli("-m", "scalerl.cli.main", "train", "--dry-run", "--set", "env.args.num_eval=20",
-                   "--set", f"log.run_dir={tmp_path}", timeout=120)
+                   "--set", f"log.run_dir={tmp_path}", timeout=120, process=True)  # the warning is once per process
     assert proc.returncode == 0, proc.stderr
     assert [line for line in proc.stderr.splitlines() if line.strip()] == [
         "WARNING: env.args.num_eval is deprecated (environment arithmetic): use env.args.eval_size"]

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import loop
@@ -50,10 +50,11 @@ def start_cli(*args: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
-def run_cli_train(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "scalerl.cli.main", "train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+def run_cli_train(*args: str, timeout: float = 300, process: bool = False) -> subprocess.CompletedProcess:
+    """`scalerl train ARGS` to its end: in this process (conftest.run_cli) unless `process`, where what the run does
+    could harm the test process (a planted pickle, hostile reward code). The faults themselves (kills, signals, a
+    full disk) are injected into the runs of `start_cli` and the tests' own processes."""
+    return run_cli("-m", "scalerl.cli.main", "train", *args, timeout=timeout, process=process)
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 240) -> None:

@@ -379,7 +379,7 @@ def test_scalerl_train_resume_never_runs_a_planted_pickle(runs, tmp_path, capsys
     newest = runs / "run" / "checkpoints" / "step_0000004"
     (newest / "dcp" / ".metadata").write_bytes(_payload(marker))
     ckpt.write_manifest(newest)  # forged to match
-    forged = run_cli_train("--resume", *cli_args(runs, "run", **short))
+    forged = run_cli_train("--resume", *cli_args(runs, "run", **short), process=True)  # a process of its own
     lines = [line for line in forged.stderr.splitlines() if line.strip()]
     assert forged.returncode == 2 and len(lines) == 1 and "io.open" in lines[0], forged.stderr
     assert not marker.exists(), "the planted pickle ran"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_cli
 from faults_common import cli_args, run_cli_train, same_run, start_cli, train, wait_for_step
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import checkpoint as ckpt
@@ -139,10 +139,8 @@ def test_a_torn_last_line_is_dropped_by_resume_predict_and_report(straight, runs
     for log in ("metrics.jsonl", "events.jsonl"):
         with open(runs / "run" / log, "a") as f:
             f.write('{"step": 99, "reward_mean": 0.')  # a write cut off by the kill
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    tools = [subprocess.run([sys.executable, "-m", "scalerl.cli.main", *cmd], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=120) for cmd in (["predict", str(runs / "run")],
-                                                               ["report", str(runs / "run"), "--out", str(tmp_path / "r.html")])]
+    tools = [run_cli("-m", "scalerl.cli.main", *cmd) for cmd in (["predict", str(runs / "run")],
+                                                                ["report", str(runs / "run"), "--out", str(tmp_path / "r.html")])]
     for tool in tools:
         assert "Traceback" not in tool.stderr and "JSONDecodeError" not in tool.stderr, tool.stderr
     assert any("torn last line" in t.stderr for t in tools)

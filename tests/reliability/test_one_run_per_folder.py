@@ -49,6 +49,8 @@ def test_a_second_run_and_a_resume_while_the_first_runs(runs, fault):
             assert refused.returncode == 2, refused.stderr
             assert f"held by pid {first.pid} on host" in _one_line(refused.stderr)
         assert [p for p in before if p not in {x.name for x in (runs / "run").iterdir()}] == []
+        wait_for_step(runs / "run", 3, first)  # past step 2: its checkpoint is complete, for the resume below
+        assert ckpt.latest_checkpoint(runs / "run" / "checkpoints") is not None
     finally:
         first.kill()
         first.wait()

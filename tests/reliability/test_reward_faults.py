@@ -72,7 +72,8 @@ def _group_members(pgid: int) -> list[int]:
                          ids=["os._exit", "SIGKILL"])
 def test_a_function_worker_that_dies_after_returning_loses_no_scores(runs, fault, monkeypatch, fn, code):
     monkeypatch.setenv("PYTHONPATH", str(HERE))
-    proc = run_cli_train(*_args(runs, "run", {"name": "hostile", "function": f"hostile_rewards:{fn}"}), "--overwrite")
+    proc = run_cli_train(*_args(runs, "run", {"name": "hostile", "function": f"hostile_rewards:{fn}"}), "--overwrite",
+                         process=True)  # PYTHONPATH is read when a process starts
     assert proc.returncode == 0, proc.stderr
     rows = read_metrics(runs / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, run_cli, tiny_overrides
 from scalerl.config import load_config
 from scalerl.jsonl import read_metrics
 from scalerl.trainer import checkpoint as ckpt
@@ -165,8 +165,7 @@ def test_sigkill_during_a_save_leaves_a_resumable_run(runs, tmp_path, where):
     root = runs / "killed" / "checkpoints"
     assert (root / "step_0000004.tmp").is_dir()  # the interrupted save is there, half done
     assert ckpt.latest_checkpoint(root).name == "step_0000002"
-    resumed = subprocess.run([sys.executable, "-m", "scalerl.cli.main", "train", "--resume", *_cli_args(runs, "killed")],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    resumed = run_cli("-m", "scalerl.cli.main", "train", "--resume", *_cli_args(runs, "killed"))
     assert resumed.returncode == 0, resumed.stderr
     assert not (root / "step_0000004.tmp").exists()
     assert _without_timing(read_metrics(runs / "killed")) == _without_timing(read_metrics(runs / "straight"))
