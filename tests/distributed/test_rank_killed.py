@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, tiny_overrides
+from conftest import ROOT, run_cli, tiny_overrides
 from scalerl.trainer.checkpoint import latest_checkpoint
 
 
@@ -83,8 +83,7 @@ def test_sigkill_of_one_rank_stops_all_and_the_run_resumes(tmp_path):
 
     # resume with two processes for two more steps, then with one for two more
     for nproc, steps in ((2, saved + 2), (1, saved + 4)):
-        done = subprocess.run([*cli, "--nproc", str(nproc), "--resume", "--name", "killed", *_args(runs, steps)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = run_cli("-m", "scalerl.cli.main", "train", "--nproc", str(nproc), "--resume", "--name", "killed", *_args(runs, steps))
         assert done.returncode == 0, done.stderr[-3000:]
         state = json.loads((latest_checkpoint(root) / "trainer_state.json").read_text())
         assert state["step"] == steps and state["world_size"] == nproc and state["learner"]["updates"] == steps
