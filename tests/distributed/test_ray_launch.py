@@ -3,6 +3,7 @@ actors. The slow tests start a real Ray head on 127.0.0.1 with 2 CPUs and run jo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,21 +75,44 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_T
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A Ray head on 127.0.0.1 with 2 CPUs (its own session folder and token; `ray stop` at the end)."""
+    """A Ray head on 127.0.0.1 with 2 CPUs (its own session folder and token), its processes killed at the end."""
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'scalerl[ray]'")
     ray_cli = Path(sys.executable).with_name("ray")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     session = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live under it
-    subprocess.run([str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
-                    "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", session],
-                   check=True, capture_output=True, timeout=120, env={**os.environ, **RAY_ENV})
+    start = subprocess.Popen([str(ray_cli), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "2",
+                              "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", session],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                             env={**os.environ, **RAY_ENV, HEAD_MARK: session})
     try:
+        out, _ = start.communicate(timeout=120)
+        assert start.returncode == 0, out[-3000:]
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([str(ray_cli), "stop", "--force"], capture_output=True, timeout=120)
+        _kill_head(start.pid, session)
         shutil.rmtree(session, ignore_errors=True)
+
+
+HEAD_MARK = "SCALERL_TEST_RAY_HEAD"
+
+
+def _kill_head(group: int, session: str) -> None:
+    """SIGKILL every process of this test's Ray head: its process group (`ray start` ran in a session of its own, and
+    the daemons it left keep its group) and any process with HEAD_MARK=session in its environment (the workers the
+    raylet started). Not `ray stop --force`, which stops every Ray cluster on the machine: when pytest-xdist ran this
+    module's tests on both workers, each with its head, one worker's teardown killed the other's raylet mid-test."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if f"{HEAD_MARK}={session}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
 
 
 def _launch(cwd: Path, *args: str, **popen) -> subprocess.Popen:
