@@ -38,9 +38,10 @@ def run_cli(*args: str, timeout: float = 300, env: dict | None = None, process: 
     """Run a console entry point of this checkout (`python -m ...`), capturing its output: in this process for the
     entry points of tests/inprocess.py (the same exit code and output, without a new interpreter's imports), unless
     `process` (the test needs a process of its own), `env` is given (PYTHONPATH, HF_HUB_OFFLINE and the like are read
-    when a process starts or a library is imported) or the command is not one of them; `timeout` holds for a process."""
+    when a process starts or a library is imported) or the command is not one of them. Past `timeout`, a process is
+    killed; in this process, the test process exits (tests/inprocess.py)."""
     if not process and not env and len(args) > 1 and args[0] == "-m" and args[1] in inprocess.ENTRY_POINTS:
-        return inprocess.run_module(args[1], list(args[2:]), {"OMP_NUM_THREADS": "1"}, ROOT)
+        return inprocess.run_module(args[1], list(args[2:]), {"OMP_NUM_THREADS": "1"}, ROOT, timeout)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=ROOT)
 

@@ -15,6 +15,7 @@ warning filters, the root logger."""
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import logging
 import os
@@ -31,8 +32,10 @@ from pathlib import Path
 ENTRY_POINTS = {"scalerl.cli.main": "main", "scalerl.cli.rl_train": "main", "scalerl.train": "main"}
 
 
-def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    """`python -m module *argv` in this process: a CompletedProcess with its exit code, stdout and stderr."""
+def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`python -m module *argv` in this process: a CompletedProcess with its exit code, stdout and stderr. Past
+    `timeout` seconds the test process prints every thread's stack and exits (pytest-xdist reports the test and
+    starts a new worker): a command that hangs fails its test instead of holding the suite."""
     import torch
 
     saved_env, saved_argv, saved_cwd, saved_threads = dict(os.environ), sys.argv, os.getcwd(), torch.get_num_threads()
@@ -54,6 +57,7 @@ def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path) -> 
             os.environ.update(env)
             os.chdir(cwd)
             sys.argv = [module, *argv]
+            faulthandler.dump_traceback_later(timeout, exit=True, file=saved_fds[1])  # the stderr outside the capture
             with warnings.catch_warnings():
                 getattr(importlib.import_module(module), ENTRY_POINTS[module])()
             code = 0
@@ -67,6 +71,7 @@ def run_module(module: str, argv: list[str], env: dict[str, str], cwd: Path) -> 
             traceback.print_exc()
             code = 1
         finally:
+            faulthandler.cancel_dump_traceback_later()
             for stream in (sys.stdout, sys.stderr):
                 stream.close()  # flushed; its file descriptor stays open (closefd=False)
             sys.stdout, sys.stderr = saved_streams

@@ -174,7 +174,8 @@ def test_a_failing_episode_is_a_reward_failure(served, episode, why, tmp_path, c
     from scalerl.rewards.pipeline import build_reward_pipeline
 
     tok, model, fmt, endpoint, _, _ = served
-    env, params = agent_env(episode, timeout_s=0.5), SamplingParams(max_new_tokens=4, n=2)
+    # the slow episodes sleep 3 and 30 s; the others' real chat calls took over 0.5 s once on a loaded 2-core machine
+    env, params = agent_env(episode, timeout_s=1.5), SamplingParams(max_new_tokens=4, n=2)
     batch, completions = agent_episodes(endpoint, env, env.train_tasks()[:1], tok, params, [3], encode=fmt)
     assert all(c.reward is None for c in completions) and batch.completion_mask.sum() == 0 and why in caplog.text
     def score(**failures):
