@@ -130,7 +130,7 @@ def test_a_stopped_torchrun_rank_is_reported_within_the_deadline(runs, tmp_path,
         os.kill(stopped, signal.SIGSTOP)
         stopped_at = time.monotonic()
         kept = ckpt.latest_checkpoint(root)
-        # today: 30 minutes (torch's default timeout), so this raises
+        # without health.hang.deadline_s, rank 0 would wait torch's default 30 minutes and this wait would fail
         _wait_for(lambda: "did not answer" in log.read_text(), proc, "rank 0's line", timeout=DEADLINE_S + MARGIN_S + 60)
         elapsed = time.monotonic() - stopped_at
         # torchrun then sends the stopped rank SIGTERM and, 30 s later (torch 2.13's fixed wait when no restart is
