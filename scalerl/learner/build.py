@@ -31,7 +31,8 @@ def build_critic(config: Config, policy: torch.nn.Module, device: torch.device) 
     dtype = weights_dtype(config.precision_policy)
     if config.algorithm.critic == "head":
         return ValueHead(policy.config.hidden_size).to(device, dtype)
-    return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code).to(device, dtype).train()
+    return ValueModel.from_pretrained(config.model.path, trust_remote_code=config.model.trust_remote_code,
+                                      hub_kernels=config.model.hub_kernels).to(device, dtype).train()
 
 
 def build_forgetting(config: Config, ctx: DistContext, policy: torch.nn.Module, tokenizer, prompts) -> Forgetting | None:

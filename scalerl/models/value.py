@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from scalerl.models.loading import hub_kernels_kwargs
 from scalerl.models.paths import resolve_model_path
 from scalerl.types import Rollout
 
@@ -35,14 +36,15 @@ class ValueModel(nn.Module):
         self.head = ValueHead(hidden_size)
 
     @classmethod
-    def from_pretrained(cls, path: str, *, trust_remote_code: bool = False) -> "ValueModel":
+    def from_pretrained(cls, path: str, *, trust_remote_code: bool = False, hub_kernels: bool = False) -> "ValueModel":
         from transformers import AutoModel
         from transformers.utils import logging as hf_logging
 
         previous = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # the checkpoint's LM head is unused here on purpose: no load report
         try:
-            backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=torch.float32, trust_remote_code=trust_remote_code)
+            backbone = AutoModel.from_pretrained(resolve_model_path(path), dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                               **hub_kernels_kwargs(hub_kernels))
         finally:
             hf_logging.set_verbosity(previous)
         return cls(backbone, backbone.config.hidden_size)
