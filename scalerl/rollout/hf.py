@@ -191,7 +191,8 @@ class HFSampler:
     def _static_decoder(self, cache, mask: torch.Tensor, first_positions: torch.Tensor, new_tokens: int) -> StaticDecoder | None:
         """The static-cache decoder loaded with this generation's prompt (`decode` auto or compiled and the model
         allows), or None. Its buffers are kept for the next generation of the same shape, unless the kept ones served
-        several generations (training's): those stay, and this generation's are freed when it ends."""
+        several weight versions (training's: a generation a step): those stay, and this generation's (an evaluation's,
+        whose batches all have one version) are freed when it ends (`_decode`)."""
         if self.decode == "hf" or new_tokens < 1 or not getattr(cache, "layers", None):
             return None
         rows, capacity = mask.shape[0], mask.shape[1] + new_tokens
@@ -210,13 +211,17 @@ class HFSampler:
         if kept is not None and kept.fits(rows, capacity, dtype):
             decoder = kept
         elif kept is not None and kept.uses > 1:
-            # buffers that served several generations (training's) stay; this one (an evaluation's, say) gets its own,
-            # freed when it ends: kept, an evaluation's larger buffers would add to the memory of every later step
+            # buffers that served several weight versions (training's) stay; this one (an evaluation's, say) gets its
+            # own, freed when it ends: kept, an evaluation's larger buffers would add to the memory of every later step.
+            # Counted in versions, not generations: an evaluation in several batches would otherwise pass for training
+            # and leave every later step allocating buffers of its own
             decoder = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
         else:
-            self._static = None  # the old buffers go before the new ones are allocated
+            if kept is not None:
+                kept.release()  # the old buffers go before the new ones are allocated
+            self._static = None
             decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
-        decoder.load(cache, mask, first_positions)
+        decoder.load(cache, mask, first_positions, self._version)
         return decoder
 
     def _head(self, hidden: torch.Tensor, own_head: bool) -> torch.Tensor:
@@ -273,4 +278,6 @@ class HFSampler:
                 context = attn.shape[1]
                 past, logits = self._next_logits(token[:, None], attn, next_pos, past, own_head)
             next_pos = next_pos + 1
+        if static is not None and static is not self._static:
+            static.release()  # this generation's own buffers (an evaluation's), not kept
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

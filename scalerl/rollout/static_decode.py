@@ -81,7 +81,8 @@ class StaticDecoder:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.decoder.layers]
         self.mask = torch.zeros((rows, 1, 1, self.capacity), dtype=torch.bool, device=device)
         self.length = 0  # columns written
-        self.uses = 0  # generations loaded
+        self.uses = 0  # weight versions it generated for (a run's training generations: one per step)
+        self._version: int | None = None
         self.rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
         self.gqa = attn.config.num_attention_heads != kv_heads
         self.eager = attn.config._attn_implementation == "eager"
@@ -91,7 +92,9 @@ class StaticDecoder:
         self.whole_buffer = compiled or self.eager
         # on a GPU the compiled step replays as a CUDA graph (reduce-overhead): one launch per token instead of one per kernel
         mode = "reduce-overhead" if device.type == "cuda" else None
-        self._step: Callable = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else self._forward
+        # only the compiled step is kept as an attribute: a bound method kept on its own object is a reference cycle,
+        # and buffers in a cycle wait for the garbage collector instead of going when the sampler lets go of them
+        self._compiled: Callable | None = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else None
         if compiled:
             log.warning("rollout.decode=compiled: compiling the decode step for %d rows x %d positions (once per batch shape: "
                         "training and evaluation batches are separate shapes; 4-15 s each on a 2-core CPU)", rows, self.capacity)
@@ -99,14 +102,19 @@ class StaticDecoder:
     def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
         return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype
 
+    def release(self) -> None:
+        """Let go of the buffers now (a decoder the sampler no longer keeps; a compiled one is held by its graph)."""
+        self.keys, self.values, self.mask, self.cos, self.sin = [], [], None, None, None
+
     @torch.no_grad()
-    def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor) -> None:
+    def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor, version: int = 0) -> None:
         """Start a generation from the model's cache after the prompt (one row per sampled completion), its padding
-        mask `mask` (B, P) long and the position of each row's first new token `first_positions` (B,). The rotary
-        embedding of every position the generation can reach is computed here at once, by the model's own module
-        (elementwise in the position: the same numbers as one call per token)."""
+        mask `mask` (B, P) long and the position of each row's first new token `first_positions` (B,), with the weights
+        of `version`. The rotary embedding of every position the generation can reach is computed here at once, by the
+        model's own module (elementwise in the position: the same numbers as one call per token)."""
         P = mask.shape[1]
-        self.uses += 1
+        if version != self._version:
+            self.uses, self._version = self.uses + 1, version
         for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
             keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
             if self.whole_buffer:  # the columns not yet written get attention weight 0: their values must be finite
@@ -129,7 +137,7 @@ class StaticDecoder:
         self.length += 1
         cos, sin = self.cos[:, i:i + 1], self.sin[:, i:i + 1]
         column = torch.tensor([c], device=tokens.device) if self.compiled else c  # compiled: fixed shapes, the column a tensor
-        return self._step(tokens[:, None], cos, sin, column, self.mask if self.whole_buffer else self.mask[..., : c + 1])
+        return (self._compiled or self._forward)(tokens[:, None], cos, sin, column, self.mask if self.whole_buffer else self.mask[..., : c + 1])
 
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, column: int | torch.Tensor,
                  visible: torch.Tensor) -> torch.Tensor:

@@ -5,12 +5,15 @@ do (another family, a short sliding window) to the model's forward."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from scalerl.rollout.hf import HFSampler
-from scalerl.rollout.static_decode import decode_path, unsupported
+from scalerl.rollout.static_decode import StaticDecoder, decode_path, unsupported
 from scalerl.types import SamplingParams
 
 PROMPTS = [[1, 5, 6, 14, 7, 9, 15], [1, 5, 14, 7, 15], [1, 9, 9, 14, 9, 9, 15]]  # left padding differs between rows
@@ -95,6 +98,7 @@ def test_buffers_are_kept_for_generations_of_one_shape():
     params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
     _, sampler = _sample(model, "auto", params)
     buffers = sampler._static.keys[0]
+    sampler.sync_weights(None, 1)  # the next step's weights, as in a run: a shape that served two versions is training's
     again, _ = _sample(model, "auto", params, sampler=sampler)
     assert sampler._static.keys[0] is buffers  # reused, not reallocated
     fresh, _ = _sample(model, "hf", params)
@@ -112,21 +116,43 @@ def own_sampler(model, decode: str = "hf") -> HFSampler:
     return HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode=decode)
 
 
-def test_a_shape_seen_once_gives_way_and_a_shape_seen_often_stays():
-    """The kept buffers are those of the shape that served several generations (training's), so that an evaluation's
-    larger batch does not hold its buffers through every later step; a shape seen once (the evaluation before step 1)
-    gives way to the next."""
+@pytest.fixture
+def decoders(monkeypatch):
+    """A weak reference to every StaticDecoder made, with the garbage collector off: what is alive is what is referenced."""
+    made, init = [], StaticDecoder.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(StaticDecoder, "__init__", recording)
+    gc.collect()
+    gc.disable()
+    yield made
+    gc.enable()
+
+
+def test_a_shape_seen_once_gives_way_and_a_shape_seen_often_stays(decoders):
+    """The kept buffers are those of the shape that served several weight versions (training's: one generation a
+    step), so that an evaluation's larger batch does not hold its buffers through every later step; a shape of one
+    version (the evaluation before step 1, in as many batches as it takes) gives way to the next. Buffers let go of
+    are freed then, not when the garbage collector comes."""
     model = _model("llama")
     params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
     sampler = own_sampler(model, "auto")
-    sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))  # 24 rows, once: kept until another shape comes
-    assert sampler._static.keys[0].shape[0] == 24
-    for _ in range(2):
-        sampler.sample(PROMPTS, params, seeds=[1, 2, 3])  # 6 rows, the first replaces the 24-row buffers
+    for _ in range(3):  # an evaluation in three batches of 24 rows, one version: kept until another shape comes
+        sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))
+    assert sampler._static.keys[0].shape[0] == 24 and sampler._static.uses == 1 and len(decoders) == 1
+    for version in (1, 2, 3):  # training steps, 6 rows: the first replaces the 24-row buffers, the others reuse them
+        sampler.sync_weights(None, version)
+        sampler.sample(PROMPTS, params, seeds=[1, 2, 3])
     kept = sampler._static.keys[0]
-    assert kept.shape[0] == 6
-    sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))
-    assert sampler._static.keys[0] is kept and sampler._static.uses == 2
+    assert kept.shape[0] == 6 and sampler._static.uses == 3 and len(decoders) == 2
+    assert decoders[0]() is None  # the evaluation's, gone
+    for _ in range(2):  # a later evaluation: buffers of its own while it runs, freed after; training's stay
+        sampler.sample(PROMPTS * 4, params, seeds=list(range(12)))
+    assert sampler._static.keys[0] is kept and sampler._static.uses == 3
+    assert len(decoders) == 4 and [ref() is None for ref in decoders] == [True, False, True, True]
 
 
 def test_what_it_cannot_do_goes_to_the_models_forward():
