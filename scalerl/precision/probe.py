@@ -106,12 +106,19 @@ def choose_mode(device: torch.device, rates: Rates | None, capability: tuple[int
                     f"bf16 needs {MARGIN:g}x)")
 
 
-def slower_warning(mode: str, rates: Rates | None) -> str | None:
-    """One line when an explicit mode computes in bf16 and this CPU runs bf16 slower than fp32; else None."""
-    if rates is None or mode not in ("standard", "compressed") or rates.bf16 >= rates.fp32:
+def slower_warning(mode: str, rates: Rates | None, step: StepTimes | None = None) -> str | None:
+    """One line when an explicit mode computes in bf16 and this CPU runs bf16 slower than fp32: its matmuls (`rates`),
+    or else this run's step where a probe of it is at hand (`step`: cached by an earlier `auto` start, or given); else None."""
+    if rates is None or mode not in ("standard", "compressed"):
         return None
-    return (f"warning: precision.mode={mode} computes in bf16, which runs slower than fp32 on this machine ({rates.text()}); "
-            "precision.mode=auto or fp32 would be faster")
+    if rates.bf16 < rates.fp32:
+        slower = f"bf16 matmuls run slower than fp32 on this machine ({rates.text()})"
+    elif step is not None and step.bf16 > step.fp32:
+        slower = (f"bf16 matmuls are {rates.speedup:.2f}x faster here but this run's step is slower in bf16 "
+                  f"({step.fp32 / step.bf16:.2f}x: {step.text()})")
+    else:
+        return None
+    return f"warning: precision.mode={mode} computes in bf16, and {slower}; precision.mode=auto or fp32 would be faster"
 
 
 def probe_shape(hidden: int, intermediate: int) -> tuple[int, int, int]:

@@ -68,8 +68,11 @@ def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | N
             return config, None, None
         model = model_config(config)
         rates = cpu_rates(probe_shape(*model_widths(model)))
-        if mode != "auto":
-            return config, None, slower_warning(mode, rates)
+        if mode != "auto":  # the step's probe only where an earlier start cached it: an explicit mode measures no step
+            cached = None
+            if rates.bf16 >= rates.fp32 and model is not None and ctx.world_size == 1:
+                cached = cpu_step_times(precision_step_probe(config, model, ctx.device, rates.fp32)[0], lambda: None)
+            return config, None, slower_warning(mode, rates, cached)
         step = None  # where bf16's matmul is faster, one process times the run's own step (several: the matmul decides)
         if rates.speedup >= MARGIN and model is not None and ctx.world_size == 1:
             step = cpu_step_times(*precision_step_probe(config, model, ctx.device, rates.fp32))

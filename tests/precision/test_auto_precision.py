@@ -33,8 +33,8 @@ def test_choice_by_rates_on_cpu_and_by_capability_on_gpu():
     assert choose_mode(CPU, Rates(fp32=100.0, bf16=105.0, shape=(1, 1, 1)))[1].startswith("bf16 matmuls only 1.05x fp32's here")
     assert choose_mode(torch.device("cuda"), None, (9, 0))[0] == "standard" and choose_mode(torch.device("cuda"), None, (7, 0))[0] == "fp32"
     assert slower_warning("standard", SLOW_BF16) == (
-        "warning: precision.mode=standard computes in bf16, which runs slower than fp32 on this machine (bf16 90.0 vs fp32 180.0 "
-        "GFLOP/s on a 512x128x512 matmul); precision.mode=auto or fp32 would be faster")
+        "warning: precision.mode=standard computes in bf16, and bf16 matmuls run slower than fp32 on this machine (bf16 90.0 vs "
+        "fp32 180.0 GFLOP/s on a 512x128x512 matmul); precision.mode=auto or fp32 would be faster")
     assert slower_warning("standard", FAST_BF16) is None and slower_warning("fp32", SLOW_BF16) is None
 
 
@@ -94,6 +94,30 @@ def test_where_the_matmul_favours_bf16_the_runs_step_decides():
                 "shape; bf16 needs 1.1x)")
     assert choose_mode(CPU, matmul, step=probe.StepTimes(fp32=2.0, bf16=1.0))[0] == "standard"
     assert choose_mode(CPU, SLOW_BF16, step=probe.StepTimes(fp32=2.0, bf16=1.0))[0] == "fp32"  # the matmul already says no
+
+
+def test_an_explicit_bf16_mode_is_warned_about_by_the_runs_step_where_a_probe_of_it_is_at_hand(monkeypatch, tmp_path):
+    """The matmul 4.3x faster in bf16 but this run's step slower in bf16 (given here; cached by an earlier `auto` start
+    in a user's case): an explicit `standard` starts with a warning giving both step times; with no step probe at hand
+    none is measured for an explicit mode, and there is no warning."""
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
+    config, why, warning = setup.resolve_precision(load_config(overrides={"precision.mode": "standard"}), DistContext())
+    assert config.precision.mode == "standard" and why is None
+    assert warning == ("warning: precision.mode=standard computes in bf16, and bf16 matmuls are 4.30x faster here but this run's "
+                       "step is slower in bf16 (0.91x: fp32 50.0 vs bf16 55.0 ms per probed step of this run's shape (given by "
+                       "SCALERL_PRECISION_STEP)); precision.mode=auto or fp32 would be faster")
+    monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.045")  # faster in bf16: nothing to warn about
+    assert setup.resolve_precision(load_config(overrides={"precision.mode": "compressed"}), DistContext())[2] is None
+    monkeypatch.delenv("SCALERL_PRECISION_STEP")
+    monkeypatch.delenv("SCALERL_PRECISION_RATES")  # the suite's pinned rates would stand in for the step (tests/conftest.py)
+    monkeypatch.setenv("SCALERL_CACHE_DIR", str(tmp_path))  # an empty cache: no step probe at hand
+    monkeypatch.setattr(probe, "measure", lambda shape: pytest.fail("cpu_rates is given here"))
+    assert setup.resolve_precision(load_config(overrides={"precision.mode": "standard"}), DistContext())[2] is None
+    key = setup.precision_step_probe(load_config(), setup.model_config(load_config()), CPU, FAST_BF16.fp32)[0]
+    assert probe.cpu_step_times(key, lambda: (0.050, 0.060)).bf16 == 0.060  # what an `auto` start measures and caches
+    warning = setup.resolve_precision(load_config(overrides={"precision.mode": "standard"}), DistContext())[2]
+    assert "this run's step is slower in bf16 (0.83x: fp32 50.0 vs bf16 60.0 ms per probed step of this run's shape (cached))" in warning
 
 
 def test_auto_resolves_by_the_step_probe_injected(monkeypatch, tmp_path):
