@@ -175,16 +175,19 @@ def _given(name: str, unit: str, example: str) -> dict[str, float] | None:
     return parsed
 
 
-def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None]) -> tuple[float, float, bool] | None:
-    """(fp32, bf16, cached): from the cache under `key`, or measured and cached; None where `measure_both` could not
-    measure (nothing is cached then). A cache that cannot be read or written is measured around, silently: the
-    probe is a speed hint, not state."""
+def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None],
+            announce: Callable[[], None] | None = None) -> tuple[float, float, bool] | None:
+    """(fp32, bf16, cached): from the cache under `key`, or measured (`announce` called first) and cached; None where
+    `measure_both` could not measure (nothing is cached then). A cache that cannot be read or written is measured
+    around, silently: the probe is a speed hint, not state."""
     path = cache_path()
     try:
         entry = json.loads(path.read_text())[key]
         return entry["fp32"], entry["bf16"], True
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    if announce is not None:
+        announce()
     if (measured := measure_both()) is None:
         return None
     fp32, bf16 = measured
@@ -203,8 +206,9 @@ def _cached(key: str, measure_both: Callable[[], tuple[float, float] | None]) ->
     return fp32, bf16, False
 
 
-def cpu_rates(shape: tuple[int, int, int]) -> Rates:
-    """The matmul probe's rates for this machine and shape: given (SCALERL_PRECISION_RATES), cached or measured."""
+def cpu_rates(shape: tuple[int, int, int], announce: Callable[[], None] | None = None) -> Rates:
+    """The matmul probe's rates for this machine and shape: given (SCALERL_PRECISION_RATES), cached or measured
+    (`announce` called before measuring)."""
     if (given := _given("SCALERL_PRECISION_RATES", "GFLOP/s", "fp32:180,bf16:90")) is not None:
         return Rates(fp32=given["fp32"], bf16=given["bf16"], shape=shape, given="SCALERL_PRECISION_RATES")
 
@@ -212,17 +216,19 @@ def cpu_rates(shape: tuple[int, int, int]) -> Rates:
         rates = measure(shape)
         return rates.fp32, rates.bf16
 
-    fp32, bf16, cached = _cached(_machine_key(shape), both)
+    fp32, bf16, cached = _cached(_machine_key(shape), both, announce)
     return Rates(fp32=fp32, bf16=bf16, shape=shape, cached=cached)
 
 
-def cpu_step_times(shape_key: str, measure_both: Callable[[], tuple[float, float] | None]) -> StepTimes | None:
+def cpu_step_times(shape_key: str, measure_both: Callable[[], tuple[float, float] | None],
+                   announce: Callable[[], None] | None = None) -> StepTimes | None:
     """The step probe's seconds (fp32, bf16) for this machine and the run's shape (`shape_key`): given
-    (SCALERL_PRECISION_STEP), cached, or measured by `measure_both` (None: it could not probe; then None).
+    (SCALERL_PRECISION_STEP), cached, or measured by `measure_both` (`announce` called first; None: it could not
+    probe; then None).
     None too where only SCALERL_PRECISION_RATES is given: the pinned matmul rates decide."""
     if (given := _given("SCALERL_PRECISION_STEP", "seconds", "fp32:0.050,bf16:0.055")) is not None:
         return StepTimes(fp32=given["fp32"], bf16=given["bf16"], given="SCALERL_PRECISION_STEP")
     if os.environ.get("SCALERL_PRECISION_RATES"):
         return None
-    found = _cached(f"step|{_machine_key(None)}|{shape_key}", measure_both)
+    found = _cached(f"step|{_machine_key(None)}|{shape_key}", measure_both, announce)
     return None if found is None else StepTimes(*found)

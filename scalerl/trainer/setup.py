@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -30,6 +31,7 @@ from scalerl.models.paths import resolve_model_path
 from scalerl.precision.apply import check_precision
 from scalerl.precision.probe import (
     MARGIN,
+    cache_path,
     choose_mode,
     cpu_rates,
     cpu_step_times,
@@ -67,7 +69,8 @@ def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | N
         if mode not in ("auto", "standard", "compressed"):
             return config, None, None
         model = model_config(config)
-        rates = cpu_rates(probe_shape(*model_widths(model)))
+        announce = _probe_announcer(ctx) if mode == "auto" else None
+        rates = cpu_rates(probe_shape(*model_widths(model)), announce=announce)
         if mode != "auto":  # the step's probe only where an earlier start cached it: an explicit mode measures no step
             cached = None
             if rates.bf16 >= rates.fp32 and model is not None and ctx.world_size == 1:
@@ -75,10 +78,23 @@ def resolve_precision(config: Config, ctx: DistContext) -> tuple[Config, str | N
             return config, None, slower_warning(mode, rates, cached)
         step = None  # where bf16's matmul is faster, one process times the run's own step (several: the matmul decides)
         if rates.speedup >= MARGIN and model is not None and ctx.world_size == 1:
-            step = cpu_step_times(*precision_step_probe(config, model, ctx.device, rates.fp32))
+            step = cpu_step_times(*precision_step_probe(config, model, ctx.device, rates.fp32), announce=announce)
         chosen, why = choose_mode(ctx.device, rates, step=step)
     chosen, why = ctx.gather_lists([(chosen, why)])[0]  # one choice for every rank: rank 0's
     return config.with_precision_mode(chosen), f"precision.mode=auto: {why}", None
+
+
+def _probe_announcer(ctx: DistContext) -> Callable[[], None]:
+    """One line on rank 0 before precision.mode=auto first measures (a machine's first run of a shape waits 5-30 s on
+    the probe, silent otherwise); nothing where everything it needs is cached."""
+    said = []
+
+    def announce() -> None:
+        if ctx.is_main and not said:
+            said.append(True)
+            print(f"precision.mode=auto: timing bf16 against fp32 on this machine (matmuls, then this run's step where "
+                  f"bf16's matmuls are faster: seconds, once; cached in {cache_path()})", file=sys.stderr, flush=True)
+    return announce
 
 
 def model_config(config: Config) -> dict | None:

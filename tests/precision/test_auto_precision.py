@@ -40,7 +40,7 @@ def test_choice_by_rates_on_cpu_and_by_capability_on_gpu():
 
 @pytest.mark.parametrize("rates, mode, autocast", [(SLOW_BF16, "fp32", None), (FAST_BF16, "standard", "bfloat16")])
 def test_auto_resolves_by_the_probe(monkeypatch, tmp_path, rates, mode, autocast):
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: rates)
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: rates)
     asked = load_config(overrides={"log.run_dir": str(tmp_path)})
     assert asked.precision.mode == "auto"  # the default
     config, why, warning = setup.resolve_precision(asked, DistContext())
@@ -56,7 +56,7 @@ def test_the_start_line_says_what_auto_chose(monkeypatch, runs):
     the precision start line says why, config.yaml keeps auto and resolved.yaml records the choice."""
     from scalerl.trainer import loop
 
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: FAST_BF16)
     _, learner, run_dir = loop.build_roles(load_config(overrides=tiny_overrides(runs, "auto")), DistContext(), resume=False)
     assert learner.precision.mode == "standard" and learner.precision.autocast_dtype == "bfloat16"
     line = learner.start(fresh=False)[0]
@@ -100,7 +100,7 @@ def test_an_explicit_bf16_mode_is_warned_about_by_the_runs_step_where_a_probe_of
     """The matmul 4.3x faster in bf16 but this run's step slower in bf16 (given here; cached by an earlier `auto` start
     in a user's case): an explicit `standard` starts with a warning giving both step times; with no step probe at hand
     none is measured for an explicit mode, and there is no warning."""
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: FAST_BF16)
     monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
     config, why, warning = setup.resolve_precision(load_config(overrides={"precision.mode": "standard"}), DistContext())
     assert config.precision.mode == "standard" and why is None
@@ -120,20 +120,39 @@ def test_an_explicit_bf16_mode_is_warned_about_by_the_runs_step_where_a_probe_of
     assert "this run's step is slower in bf16 (0.83x: fp32 50.0 vs bf16 60.0 ms per probed step of this run's shape (cached))" in warning
 
 
+def test_auto_says_it_is_measuring_once_before_it_measures_and_nothing_when_cached(monkeypatch, tmp_path, capsys):
+    """A machine's first run of a shape waits seconds on the probe: one line says so first; a later start reads the
+    cache and says nothing; an explicit mode measures nothing it would announce."""
+    monkeypatch.delenv("SCALERL_PRECISION_RATES")  # the suite's pinned rates (tests/conftest.py)
+    monkeypatch.setenv("SCALERL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(probe, "measure", lambda shape: FAST_BF16)
+    monkeypatch.setattr(setup, "precision_step_probe", lambda *a: ("step shape", lambda: (0.050, 0.055)))
+    config = load_config(overrides={"log.run_dir": str(tmp_path)})
+    assert setup.resolve_precision(config, DistContext())[0].precision.mode == "fp32"  # matmul then step measured
+    line = ("precision.mode=auto: timing bf16 against fp32 on this machine (matmuls, then this run's step where bf16's "
+            f"matmuls are faster: seconds, once; cached in {tmp_path / 'precision_probe.json'})\n")
+    assert capsys.readouterr().err == line  # once for both measurements
+    assert setup.resolve_precision(config, DistContext())[0].precision.mode == "fp32" and capsys.readouterr().err == ""
+    monkeypatch.setenv("SCALERL_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setattr(probe, "measure", lambda shape: SLOW_BF16)
+    setup.resolve_precision(load_config(overrides={"precision.mode": "standard"}), DistContext())
+    assert capsys.readouterr().err == ""
+
+
 def test_auto_resolves_by_the_step_probe_injected(monkeypatch, tmp_path):
     """SCALERL_PRECISION_STEP gives the step's seconds: with the matmul 4.3x faster in bf16 and the step 10 % slower,
     auto runs fp32 and says why; several processes take the matmul's word (nothing probed)."""
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: FAST_BF16)
     monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
     config, why, _ = setup.resolve_precision(load_config(overrides={"log.run_dir": str(tmp_path)}), DistContext())
     assert config.precision.mode == "fp32" and why.startswith("precision.mode=auto: bf16 matmuls 4.30x faster but this run's step only 0.91x")
     monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.025")
     assert setup.resolve_precision(load_config(), DistContext())[0].precision.mode == "standard"
     # a matmul exactly 1.1x faster is enough to probe the step (the same rule as choose_mode's), and the step decides
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: Rates(fp32=100.0, bf16=110.0, shape=(1, 1, 1)))
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: Rates(fp32=100.0, bf16=110.0, shape=(1, 1, 1)))
     monkeypatch.setenv("SCALERL_PRECISION_STEP", "fp32:0.050,bf16:0.055")
     assert setup.resolve_precision(load_config(), DistContext())[0].precision.mode == "fp32"
-    monkeypatch.setattr(setup, "cpu_rates", lambda shape: FAST_BF16)
+    monkeypatch.setattr(setup, "cpu_rates", lambda shape, **_: FAST_BF16)
     monkeypatch.setattr(setup, "precision_step_probe", lambda *a: pytest.fail("several processes must not probe the step"))
     monkeypatch.setattr(DistContext, "gather_lists", lambda self, items: items)
     assert setup.resolve_precision(load_config(), DistContext(world_size=2))[0].precision.mode == "standard"
