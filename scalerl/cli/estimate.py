@@ -30,7 +30,7 @@ def estimate(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="The run's YAML overrides (model, batch shape, precision)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one key of the run's config (repeatable)."),
     model_size: Optional[str] = typer.Option(None, "--model-size", help="7b, 13b or 70b: a Llama-2 shape instead of the config's model."),
-    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, standard, aggressive or compressed (default: the config's precision.mode)."),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32, standard, aggressive or compressed (default: the config's precision.mode; the older bf16 and fp8 mean standard and aggressive)."),
     optim_8bit: bool = typer.Option(False, "--optim-8bit", help="8-bit AdamW states (1 byte per moment)."),
     prompt_len: Optional[int] = typer.Option(None, "--prompt-len", help="Prompt tokens (default: the longest of the environment's first 256 prompts)."),
     gpu_mem_gb: float = typer.Option(80.0, "--gpu-mem-gb", help="Memory of one GPU, GB."),
