@@ -100,6 +100,15 @@ def call_function(fn: Callable[..., Any], spec: str, prompts: list[str], complet
     return as_scores(result, spec)
 
 
+def _user_traceback(err: BaseException) -> str:
+    """The traceback from the first frame outside this file on: the reward function and what it called, without the
+    worker's own frames above it."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb))
+
+
 def _worker_main(spec: str, conn) -> None:
     """Worker process: import the function once, then per request acknowledge it ("started"),
     call the function and answer (kind, payload)."""
@@ -129,8 +138,8 @@ def _worker_main(spec: str, conn) -> None:
                 reply = (err.kind, err.message)
             except (asyncio.TimeoutError, TimeoutError):
                 reply = ("timeout", f"{spec} did not finish within {timeout_s:g} s (async, cancelled)")
-            except BaseException:  # the user's function failed: the traceback goes back to the parent
-                reply = ("error", traceback.format_exc())
+            except BaseException as err:  # the user's function failed: its traceback goes back to the parent
+                reply = ("error", _user_traceback(err))
             conn.send(reply)
     except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to answer
         return

@@ -98,7 +98,10 @@ def test_raising_function_gets_fallback_counted_and_traceback_logged_once(caplog
                 assert metrics["reward/boom_mean"] == -1.0 and metrics["reward/env_mean"] == 0.5
         warnings = [r for r in caplog.records if "boom" in r.getMessage()]
         assert len(warnings) == 1  # the first failure only
-        assert "RuntimeError: boom from reward_fns.raises" in warnings[0].getMessage() and "Traceback" in warnings[0].getMessage()
+        logged = warnings[0].getMessage()
+        assert "RuntimeError: boom from reward_fns.raises" in logged and "Traceback" in logged
+        # the function's own frames only: the line that raised, none of the worker's (scalerl/rewards/safe_call.py)
+        assert 'reward_fns.py", line 23, in raises' in logged and "safe_call.py" not in logged, logged
     finally:
         scorer.close()
 
