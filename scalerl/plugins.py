@@ -10,6 +10,7 @@ probe: its parent already made it.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import multiprocessing
@@ -118,10 +119,13 @@ def import_object(spec: str, where: str, example: str = "my_pkg.module:name") ->
         raise ScaleRLError(f"{where}: '{module_name}' is not a module name (dotted Python identifiers), e.g. {example}")
     module = import_module(module_name, where)
     target: Any = module
-    for part in attr.split("."):
-        target = getattr(target, part, None)
+    parts = attr.split(".")
+    for i, part in enumerate(parts):
+        owner, target = target, getattr(target, part, None)
         if target is None:
-            raise ScaleRLError(f"{where}: module '{module_name}' has no attribute '{attr}'")
+            close = difflib.get_close_matches(part, [name for name in dir(owner) if not name.startswith("_")], n=1)
+            hint = f"; did you mean '{module_name}:{'.'.join([*parts[:i], close[0]])}'?" if close else ""
+            raise ScaleRLError(f"{where}: module '{module_name}' has no attribute '{attr}'{hint}")
     return target
 
 
