@@ -264,8 +264,8 @@ def test_plugin_imports_name_the_key_and_the_problem():
             import_function(spec, "some.key")
         assert str(info.value).startswith("some.key: ")
     with pytest.raises(ScaleRLError) as info:  # a misspelt name: the closest one the module has
-        import_function("json:dumsp", "reward.components.0.function")
-    assert str(info.value) == ("reward.components.0.function: module 'json' has no attribute 'dumsp'; did you mean "
+        import_function("json:dunps", "reward.components.0.function")
+    assert str(info.value) == ("reward.components.0.function: module 'json' has no attribute 'dunps'; did you mean "
                                "'json:dumps'?")
     with pytest.raises(ScaleRLError, match=r"has no attribute 'decoder.JSONDecodr'; did you mean 'json:decoder.JSONDecoder'\?$"):
         import_object("json:decoder.JSONDecodr", "x")
