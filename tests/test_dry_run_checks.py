@@ -95,7 +95,7 @@ def test_a_reward_module_in_the_current_folder_needs_no_pythonpath(tmp_path):
                                        "    return [float(c == a) for c, a in zip(completions, answers)]\n")
     proc = _dry_run(tmp_path, "--set", "reward.components=[{name: mine, function: 'exact:score'}]")
     assert proc.returncode == 0, proc.stderr
-    assert "# checked: reward mine: exact:score scored a sample row 1" in proc.stdout
+    assert "# checked: reward mine: exact:score scored 1 on the first training row (prompt '70+82=', its answer as the completion '152')" in proc.stdout
 
 
 def test_yaml_paths_and_plugins_resolve_from_the_yaml_folder(tmp_path):
@@ -110,6 +110,6 @@ def test_yaml_paths_and_plugins_resolve_from_the_yaml_folder(tmp_path):
     assert proc.returncode == 0, proc.stderr
     resolved = yaml.safe_load(proc.stdout)  # what the run folder's config.yaml holds: a resume from any folder finds the file
     assert resolved["env"]["args"]["data_file"] == str(project / "data" / "train.jsonl")
-    assert "30 training tasks" in proc.stdout and "scored a sample row 0.5" in proc.stdout
+    assert "30 training tasks" in proc.stdout and "scored 0.5 on the first training row" in proc.stdout
     # --set keeps the command line's meaning: relative to the current folder
     assert run_cli("-m", "scalerl.cli.main", "train", "--dry-run", "--set", "env.args.data_file=data/train.jsonl").returncode == 2

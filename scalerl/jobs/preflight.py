@@ -179,7 +179,9 @@ def check_reward_functions(config: Config, env: Any) -> list[str]:
         except Exception as err:  # noqa: BLE001 - whatever the user's function raises is reported, in one line
             raise ScaleRLError(f"{where}: {comp.function} raised {type(err).__name__}: {_first_line(err)} on a sample row "
                                f"(prompt {prompt[:40]!r}); fix the function") from None
-        lines.append(f"reward {comp.name}: {comp.function} scored a sample row {scores[0]:.4g}")
+        as_completion = "its answer as the completion" if task is not None and task.answer is not None else "the completion"
+        lines.append(f"reward {comp.name}: {comp.function} scored {scores[0]:.4g} on the first training row (prompt "
+                     f"{prompt[:40]!r}, {as_completion} {completion[:40]!r})")
     return lines
 
 
