@@ -20,7 +20,7 @@ from conftest import ROOT
 
 PAGE = ROOT / "docs" / "your-model.md"
 SMALL = {"rollout.prompts_per_step": 2, "rollout.group_size": 4, "rollout.max_new_tokens": 6, "train.threads": 1,
-         "eval.every": 0, "log.console": "none", "log.tensorboard": False}
+         "eval.every": 0, "log.console": "plain", "log.tensorboard": False}
 
 
 def page_files() -> dict[str, str]:
@@ -73,6 +73,8 @@ def test_the_page_from_the_command_line(workdir):
         proc = subprocess.run([sys.executable, "-m", "scalerl.cli.main", *words[1:], *extra], cwd=workdir, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (command, proc.stderr[-3000:])
+        if words[1] == "train" and "--dry-run" not in words:  # no verifier: the held-out figure is a mean reward, not a pass rate
+            assert "step 5/5  reward " in proc.stdout and "  eval " in proc.stdout and "  pass " not in proc.stdout, proc.stdout
     metrics = [json.loads(line) for line in (workdir / "runs" / "mine" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
     assert all(m["reward/color_failures"] == 0 for m in metrics)  # the page's reward ran on every completion

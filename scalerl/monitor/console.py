@@ -33,15 +33,17 @@ class RunConsole:
     Only rank 0 builds one; the other ranks get mode `none`.
     """
 
-    def __init__(self, mode: str, total_steps: int, start_step: int = 0):
-        self.mode, self.total = mode, total_steps
+    def __init__(self, mode: str, total_steps: int, start_step: int = 0, eval_label: str = "pass"):
+        """`eval_label`: what the held-out figure is called on the bar ("pass": a verifier's pass rate; "eval": the mean
+        fused reward of an environment without one)."""
+        self.mode, self.total, self.eval_label = mode, total_steps, eval_label
         self.console = Console(stderr=False)
         self.pass_rate: float | None = None
         self._progress = None
         if mode == "rich":
             self._progress = Progress(
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}  pass {task.fields[pass_rate]}"),
+                TextColumn(f"reward {{task.fields[reward]}}  kl {{task.fields[kl]}}  {eval_label} {{task.fields[pass_rate]}}"),
                 # The ETA is the trainer's own estimate (scalerl/predict/time_estimate.py): it counts the
                 # evaluations and checkpoints still to come, which rich's per-step rate cannot see.
                 TimeElapsedColumn(), TextColumn("eta {task.fields[eta]}"), console=self.console,
@@ -61,7 +63,7 @@ class RunConsole:
         if self._progress is not None:
             self._progress.update(self._task, completed=step, reward=reward, kl=kl, pass_rate=pr, eta=eta)
         elif self.mode == "plain":
-            self.console.print(f"step {step}/{self.total}  reward {reward}  kl {kl}  loss {_fmt(metrics.get('loss'), '.4f')}  pass {pr}  eta {eta}", highlight=False)
+            self.console.print(f"step {step}/{self.total}  reward {reward}  kl {kl}  loss {_fmt(metrics.get('loss'), '.4f')}  {self.eval_label} {pr}  eta {eta}", highlight=False)
 
     def close(self) -> None:
         if self._progress is not None:

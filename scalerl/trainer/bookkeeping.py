@@ -56,7 +56,8 @@ class Bookkeeping:
         resumed = start if resume else None
         self.logger = (MetricsLogger(run_dir, tensorboard=config.log.tensorboard, resume_after=resumed, sinks=build_sinks(config, run_dir))
                        if ctx.is_main else NullLogger())
-        self.console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start)
+        self.console = RunConsole(config.log.console if ctx.is_main else "none", config.train.steps, start,
+                                  eval_label="pass" if env_has_verifier(config.env.name) else "eval")
         for line in learner.start(fresh=start == 0):
             self.console.print(line)
         if resume:

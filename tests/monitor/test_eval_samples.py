@@ -31,5 +31,6 @@ def test_a_run_shows_eval_samples_by_default(tmp_path):
         assert all(r["score"] in (0.0, 1.0) for r in rows)
         assert not any(tok in r["completion"] for r in rows for tok in ("<unk>", "<s>", "</s>", "<pad>"))
     assert proc.stdout.count("eval sample (step 3): ") == 3
+    assert "step 3/3  reward " in proc.stdout and "  pass " in proc.stdout  # a verifier's task: a pass rate on the bar
     events = b"".join(p.read_bytes() for p in (run / "tensorboard").glob("events.out.tfevents.*"))
     assert b"eval/samples" in events
