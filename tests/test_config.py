@@ -124,7 +124,11 @@ def test_unknown_key_in_yaml_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("train:\n  stepz: 3\n")
     msg = _error(path)
-    assert "train.stepz" in msg and "steps" in msg
+    assert msg.startswith(f"train.stepz in {path}: unknown key; did you mean `train.steps`?"), msg  # the file to fix, named
+    path.write_text("optim:\n  lr: -1\n")
+    assert _error(path) == f"optim.lr in {path}: Input should be greater than 0 (got -1)"
+    assert _error(path, ["optim.lr=-2"]) == "optim.lr: Input should be greater than 0 (got -2)"  # --set's value: not the file's
+    assert _error(None, ["train.stepz=3"]).startswith("train.stepz: unknown key")
 
 
 def test_wrong_type_names_key_and_value():
