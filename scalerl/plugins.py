@@ -60,8 +60,9 @@ def _first_line(text: str) -> str:
 
 def _import_failed(where: str, module_name: str, kind: str, message: str, missing: str | None) -> ScaleRLError:
     if missing is not None and (module_name == missing or module_name.startswith(missing + ".")):
-        return ScaleRLError(f"{where}: cannot import module '{module_name}' ({kind}: {_first_line(message)}); "
-                            "check PYTHONPATH or the spelling")
+        return ScaleRLError(f"{where}: cannot import module '{module_name}' ({kind}: {_first_line(message)}); modules are "
+                            "looked for in the current folder, the --config YAML's folder and PYTHONPATH: check the "
+                            "spelling or put the file in one of them")
     if missing is not None:
         return ScaleRLError(f"{where}: module '{module_name}' imports '{missing}', which is not installed; install it")
     return ScaleRLError(f"{where}: importing module '{module_name}' raised {kind}: {_first_line(message)}; fix the module")

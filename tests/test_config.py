@@ -262,7 +262,7 @@ def test_plugin_imports_name_the_key_and_the_problem():
 
     assert import_object("os.path:join", "x") is __import__("os").path.join
     assert import_function("json:dumps", "reward.components.0.function") is __import__("json").dumps
-    for spec, needle in [("nocolon", "is not 'module:attribute'"), ("no_such_mod_xyz:f", "cannot import module 'no_such_mod_xyz'"),
+    for spec, needle in [("nocolon", "is not 'module:attribute'"), ("no_such_mod_xyz:f", "cannot import module 'no_such_mod_xyz'.*looked for in the current folder, the --config YAML's folder and PYTHONPATH"),
                          ("json:nope", "module 'json' has no attribute 'nope'"), ("json:decoder", "is a module, not a function")]:
         with pytest.raises(ScaleRLError, match=needle) as info:
             import_function(spec, "some.key")
