@@ -49,6 +49,7 @@ def test_scalerl_train_raises_reward_and_pass_rate(runs):
     assert summary["eval_metric"] == "pass rate"  # the arithmetic environment has a verifier
     folded = "".join(ch for ch in proc.stdout if not ch.isspace() and ch != "│")  # the table wraps long paths
     assert "runsummary" in folded and "held-outpassrate" in folded and str(run) in folded
+    assert "scalerlreportDIR(therunononeHTMLpage),scalerlevalDIR,scalerlexportDIR--outOUT" in folded  # what to do next
     assert (run / "config.yaml").is_file() and (run / "checkpoints" / "step_0000060" / "COMPLETE").is_file()
 
     # TensorBoard's own reader sees the same reward series.
