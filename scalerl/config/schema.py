@@ -52,9 +52,7 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory; on by default "
                                                             "in precision.mode=compressed (the mode that trades speed for memory).")
     fp32_lm_head: bool = Field(True, description="Compute log-probs from float32 logits whatever the model's dtype.")
-    hub_kernels: bool = Field(False, description="transformers' `kernels` integration (use_kernels): layers swapped for kernels downloaded "
-                                                 "from the Hugging Face Hub where one fits the device. Off: the model's own torch code, "
-                                                 "nothing downloaded (transformers 5.2x turns it on wherever `kernels` is installed).")
+    hub_kernels: bool = Field(False, description="transformers' `kernels` integration (use_kernels): layers swapped for kernels downloaded from the Hugging Face Hub where one fits the device. Off: the model's own torch code, nothing downloaded (transformers 5.2x turns it on wherever `kernels` is installed).")
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
