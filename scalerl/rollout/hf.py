@@ -188,7 +188,8 @@ class HFSampler:
         out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache)
         return getattr(out, self._cache_arg), head_logits(self.model, out.last_hidden_state[:, -1], fp32_head=True)
 
-    def _static_decoder(self, cache, mask: torch.Tensor, first_positions: torch.Tensor, new_tokens: int) -> StaticDecoder | None:
+    def _static_decoder(self, cache, mask: torch.Tensor, first_positions: torch.Tensor, new_tokens: int,
+                        group: int = 1) -> StaticDecoder | None:
         """The static-cache decoder loaded with this generation's prompt (`decode` auto or compiled and the model
         allows), or None. Its buffers are kept for the next generation of the same shape, unless the kept ones served
         several weight versions (training's: a generation a step): those stay, and this generation's (an evaluation's,
@@ -221,7 +222,7 @@ class HFSampler:
                 kept.release()  # the old buffers go before the new ones are allocated
             self._static = None
             decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
-        decoder.load(cache, mask, first_positions, self._version)
+        decoder.load(cache, mask, first_positions, self._version, group=group)
         return decoder
 
     def _head(self, hidden: torch.Tensor, own_head: bool) -> torch.Tensor:
@@ -240,11 +241,14 @@ class HFSampler:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (P, L); left padding shifts positions
         past, logits = self._next_logits(ids, mask, positions, None, own_head)  # (P, V)
         if n > 1:
-            past.batch_repeat_interleave(n)
             mask, positions, logits = (x.repeat_interleave(n, dim=0) for x in (mask, positions, logits))
         B = logits.shape[0]
         next_pos = positions[:, -1:] + 1  # (B, 1)
-        static = self._static_decoder(past, mask, next_pos[:, 0], params.max_new_tokens - 1)
+        # the static buffers take each prompt's cache straight into its n rows; the model's cache is repeated only for
+        # the model's forward (a copy as large as the buffers' prompt part, beside them, where the prompts are long)
+        static = self._static_decoder(past, mask, next_pos[:, 0], params.max_new_tokens - 1, group=n)
+        if static is None and n > 1:
+            past.batch_repeat_interleave(n)
         attn = mask
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps = [], []

@@ -107,16 +107,18 @@ class StaticDecoder:
         self.keys, self.values, self.mask, self.cos, self.sin = [], [], None, None, None
 
     @torch.no_grad()
-    def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor, version: int = 0) -> None:
-        """Start a generation from the model's cache after the prompt (one row per sampled completion), its padding
-        mask `mask` (B, P) long and the position of each row's first new token `first_positions` (B,), with the weights
-        of `version`. The rotary embedding of every position the generation can reach is computed here at once, by the
-        model's own module (elementwise in the position: the same numbers as one call per token)."""
+    def load(self, prefill_cache, mask: torch.Tensor, first_positions: torch.Tensor, version: int = 0, group: int = 1) -> None:
+        """Start a generation from the model's cache after the prompt, its padding mask `mask` (B, P) long and the
+        position of each row's first new token `first_positions` (B,), with the weights of `version`. The cache has one
+        row per prompt, whose `group` consecutive rows of the buffers (its sampled completions) each get a copy. The
+        rotary embedding of every position the generation can reach is computed here at once, by the model's own module
+        (elementwise in the position: the same numbers as one call per token)."""
         P = mask.shape[1]
         if version != self._version:
             self.uses, self._version = self.uses + 1, version
         for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
-            keys[:, :, :P], values[:, :, :P] = layer.keys, layer.values
+            for buffer, cached in ((keys, layer.keys), (values, layer.values)):  # (B, heads, capacity, D) <- (B / group, heads, P, D)
+                buffer.view(-1, group, *buffer.shape[1:])[:, :, :, :P] = cached[:, None]
             if self.whole_buffer:  # the columns not yet written get attention weight 0: their values must be finite
                 values[:, :, P:].zero_()
         self.mask.zero_()
