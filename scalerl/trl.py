@@ -30,13 +30,18 @@ when it is set to anything but TRL's default; a name GRPOConfig does not know is
     seed, shuffle_dataset                             train.seed, env.shuffle
     logging_steps                                     every step is logged (metrics.jsonl, TensorBoard); log_completions:
                                                         reward.dump_every = logging_steps
-    save_strategy, save_steps, save_total_limit       checkpoint.every, checkpoint.keep_last
+    save_strategy, save_steps, save_total_limit       checkpoint.every, checkpoint.keep_last (save_strategy no: none on the way;
+                                                        the final checkpoint is still written: save_model() exports it)
     eval_strategy, eval_steps, per_device_eval_batch_size   eval.every, eval.batch_size
     bf16, fp16 (True / False)                         precision.mode standard (bf16 / fp16 compute) / fp32; unset: ScaleRL's
     gradient_checkpointing, cast_lm_head_to_fp32      model.gradient_checkpointing, model.fp32_lm_head
     report_to                                         log.tensorboard, log.sinks (wandb, mlflow)
     use_vllm (vllm_mode colocate)                     rollout.engine vllm, rollout.vllm.*
     use_cpu                                           train.device cpu
+    optim adamw_torch, adamw_torch_fused, adamw_hf    ScaleRL's AdamW (torch's, fused where torch has a fused kernel)
+    tf32 False (True is refused: no TF32 here)        fp32 matmuls at full precision
+    disable_tqdm, fsdp "", lr_scheduler_kwargs {},    accepted at those values, which change nothing here (ScaleRL's own
+      max_prompt_length None                            progress line, parallel.strategy for FSDP, prompts untruncated)
 
 Without an `eval_dataset`, TRL holds nothing out: neither does this (the training prompts are evaluated, at most
 `per_device_eval_batch_size` of them, before and after training). `save_model()` without a folder writes
@@ -82,7 +87,7 @@ DEFAULTS: dict[str, Any] = {
 }
 UNMAPPED = set(list(DEFAULTS)[list(DEFAULTS).index("min_p"):]) | {"max_prompt_length"}
 SAME_AS_DEFAULT = {"max_prompt_length": (None,), "optim": ("adamw_torch_fused", "adamw_hf"), "lr_scheduler_kwargs": ({},),
-                   "fsdp": ("",), "disable_tqdm": (False, True), "tf32": (False, True)}  # also accepted: they change nothing here
+                   "fsdp": ("",), "disable_tqdm": (False, True), "tf32": (False,)}  # also accepted: they change nothing here
 SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 LOSS_AGG = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant", "cispo": "token"}
 SCALE = {True: "group", "group": "group", "batch": "batch", False: "none", "none": "none"}
@@ -98,8 +103,8 @@ class GRPOConfig:
     def __init__(self, output_dir: str | None = None, **fields: Any):
         for name in fields:
             if name not in DEFAULTS:
-                raise ScaleRLError(f"GRPOConfig.{name}: ScaleRL does not know this field; remove it (scalerl/trl.py lists the "
-                                   "fields it maps)")
+                raise ScaleRLError(f"GRPOConfig.{name}: ScaleRL does not know this field; remove it (the fields it maps: "
+                                   "scalerl.trl in the API reference, docs/reference/api.md)")
         for name, default in DEFAULTS.items():
             setattr(self, name, fields.get(name, default))
         self.output_dir = output_dir if output_dir is not None else DEFAULTS["output_dir"]
@@ -204,7 +209,8 @@ def vllm_keys(a: GRPOConfig) -> dict[str, Any]:
     if not a.use_vllm:
         return {}
     if a.vllm_mode != "colocate":
-        raise refuse("vllm_mode", a.vllm_mode, "ScaleRL runs vLLM inside the trainer: use vllm_mode='colocate'")
+        raise refuse("vllm_mode", a.vllm_mode, "with use_vllm=True, ScaleRL runs vLLM inside the trainer, not as a server: "
+                                               "set vllm_mode='colocate'")
     return {"rollout.engine": "vllm", "rollout.vllm.gpu_memory_utilization": a.vllm_gpu_memory_utilization,
             "rollout.vllm.max_model_len": a.vllm_max_model_length}
 

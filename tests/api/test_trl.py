@@ -47,12 +47,14 @@ def test_trls_quick_start_runs_five_steps_with_its_imports_changed(tmp_path):
 def test_an_unmappable_field_is_refused_in_one_line_naming_it():
     for kwargs, needle in [({"min_p": 0.1}, "GRPOConfig.min_p=0.1: ScaleRL has no equivalent"),
                            ({"dataloader_prefetch_factor": 4}, "GRPOConfig.dataloader_prefetch_factor: ScaleRL does not know"),
-                           ({"max_prompt_length": 128}, "GRPOConfig.max_prompt_length=128")]:
+                           ({"max_prompt_length": 128}, "GRPOConfig.max_prompt_length=128"),
+                           ({"tf32": True}, "GRPOConfig.tf32=True: ScaleRL has no equivalent")]:  # fp32 stays full precision
         with pytest.raises(ScaleRLError) as err:
             GRPOConfig(output_dir="out", **kwargs)
         assert needle in str(err.value) and "\n" not in str(err.value)
     for kwargs, needle in [({"loss_type": "sapo"}, "GRPOConfig.loss_type='sapo'"),
-                           ({"use_vllm": True}, "GRPOConfig.vllm_mode='server'"),
+                           ({"use_vllm": True}, "GRPOConfig.vllm_mode='server': with use_vllm=True, ScaleRL runs vLLM inside the "
+                                                "trainer, not as a server: set vllm_mode='colocate'"),
                            ({"save_strategy": "epoch"}, "GRPOConfig.save_strategy='epoch'"),
                            ({"report_to": "comet_ml"}, "GRPOConfig.report_to='comet_ml'"),
                            ({"per_device_train_batch_size": 6}, "not a multiple of num_generations=8")]:
@@ -61,6 +63,7 @@ def test_an_unmappable_field_is_refused_in_one_line_naming_it():
         assert needle in str(err.value) and "\n" not in str(err.value)
     # the default of an unmapped field is accepted (it asks for nothing ScaleRL does not do)
     GRPOConfig(output_dir="out", min_p=None, repetition_penalty=1.0, max_prompt_length=512)
+    GRPOConfig(output_dir="out", optim="adamw_torch_fused", tf32=False)  # what ScaleRL does anyway: fused AdamW, no TF32
 
 
 def test_trainer_arguments_trl_has_and_scalerl_does_not_are_refused(tmp_path):
