@@ -24,7 +24,7 @@ def print_plan(out: dict[str, Any]) -> None:
     else:
         print(out["source"])
     units = "process(es) on CPU" if out.get("device") == "cpu" else "GPU(s)"
-    print(f"target: {out['model']} ({out['params'] / 1e6:,.4g}M parameters), {out['gpus']} {units} on {out['nodes']} node(s)"
+    print(f"target: {out['model']} ({_millions(out['params'])}M parameters), {out['gpus']} {units} on {out['nodes']} node(s)"
           f"{', ' + out['strategy'] if out.get('strategy') and out['gpus'] > 1 else ''}, {out['steps']} steps, "
           f"{out['completion_length']:.0f} new tokens per completion")
     print(f"step time: {out['step_s']:.4g} s{_band(out, 'step_s', '.4g')}")
@@ -88,3 +88,9 @@ def plan(
 
     setup_logging()
     run_guarded(go, debug)
+
+
+def _millions(params: float) -> str:
+    """Parameters in millions as people write them: 6,738 or 1.06 (no exponent: 13,016, not 1.302e+04)."""
+    m = params / 1e6
+    return f"{m:,.0f}" if m >= 1000 else f"{m:.4g}"

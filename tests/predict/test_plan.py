@@ -264,3 +264,9 @@ def test_a_pilot_the_probe_cannot_copy_is_priced_by_the_fit(tmp_path, section, s
                                      (run / "config.yaml").read_text().replace("rollout:\n", f"rollout:\n  {setting}\n"))
     out = plan_from_pilots([run], model=_model(tmp_path, 64, 2)[1], model_name="same", gpus=1)
     assert not out["probed"] and said in out["notes"][0]
+
+
+def test_the_target_line_writes_parameters_as_people_do():
+    from scalerl.cli.plan import _millions
+
+    assert [_millions(p) for p in (1.06e6, 27.3e6, 6.738e9, 13.016e9, 68.98e9)] == ["1.06", "27.3", "6,738", "13,016", "68,980"]
