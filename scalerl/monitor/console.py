@@ -92,8 +92,8 @@ class RunConsole:
                    if upper is not None and upper > est else "")
             rows.append(("time estimate at 10 %", f"{est:.1f} s ({100 * summary['time_estimate_rel_error']:+.1f} % of the actual{cap})"))
         rows.append(("run directory", summary["run_dir"]))
-        rows.append(("next", "scalerl report DIR (the run on one HTML page), scalerl eval DIR, scalerl export DIR --out OUT "
-                             "(a Hugging Face folder); DIR: the run directory"))
+        rows.append(("next", ("scalerl report DIR (the run on one HTML page), scalerl eval DIR, scalerl export DIR --out OUT "
+                              "(a Hugging Face folder); DIR: the run directory")))
         for key, value in rows:
             table.add_row(key, value)
         self.console.print(table)

@@ -53,8 +53,8 @@ def test_an_unmappable_field_is_refused_in_one_line_naming_it():
             GRPOConfig(output_dir="out", **kwargs)
         assert needle in str(err.value) and "\n" not in str(err.value)
     for kwargs, needle in [({"loss_type": "sapo"}, "GRPOConfig.loss_type='sapo'"),
-                           ({"use_vllm": True}, "GRPOConfig.vllm_mode='server': with use_vllm=True, ScaleRL runs vLLM inside the "
-                                                "trainer, not as a server: set vllm_mode='colocate'"),
+                           ({"use_vllm": True}, ("GRPOConfig.vllm_mode='server': with use_vllm=True, ScaleRL runs vLLM inside the "
+                                                 "trainer, not as a server: set vllm_mode='colocate'")),
                            ({"save_strategy": "epoch"}, "GRPOConfig.save_strategy='epoch'"),
                            ({"report_to": "comet_ml"}, "GRPOConfig.report_to='comet_ml'"),
                            ({"per_device_train_batch_size": 6}, "not a multiple of num_generations=8")]:
