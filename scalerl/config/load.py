@@ -5,7 +5,6 @@ key; and `dump_config`, the YAML written into the run directory.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import sys
@@ -220,25 +219,26 @@ def load_config(path: Path | None = None, overrides: list[str] | dict[str, Any] 
         resolve_relative_paths(tree, Path(path).resolve().parent)
         add_plugin_folder(Path(path).parent)
     items = override_items(overrides, Config)
-    from_file = copy.deepcopy(tree) if path is not None else None
     for key, value in items:
         _set_dotted(tree, key, value)
     try:
         config = Config.model_validate(tree)
     except ValidationError as err:
-        loc = err.errors()[0]["loc"]
-        overridden = any(".".join(map(str, loc)).startswith(str(key)) or str(key).startswith(".".join(map(str, loc)))
-                         for key, _ in items) if loc else True
         message = _format_error(err)
-        if from_file is not None and not overridden and _holds(from_file, loc):  # the file is where to fix it: say which
-            key, sep, rest = message.partition(": ")
+        if path is not None and _in_file(path, err.errors()[0]["loc"], [str(key) for key, _ in items]):
+            key, sep, rest = message.partition(": ")  # the file is where to fix it: say which
             message = f"{key} in {path}: {rest}" if sep and " " not in key else f"{message} (in {path})"
         raise ScaleRLError(message) from None
     return config
 
 
-def _holds(tree: Any, loc: tuple) -> bool:
-    """Whether the YAML tree has the entry at `loc` (a validation error's location): the file is where to fix it."""
+def _in_file(path: Path, loc: tuple, overridden: list[str]) -> bool:
+    """Whether a validation error at `loc` is the YAML file's entry: the file has it and no override set it (or a
+    section above or below it)."""
+    parts = [str(p) for p in loc]
+    if not loc or any(parts[:len(k)] == k or k[:len(parts)] == parts for k in (key.split(".") for key in overridden)):
+        return False
+    tree: Any = read_yaml_mapping(path, "model:, env:, ...")
     for part in loc:
         if not ((isinstance(tree, dict) and part in tree) or (isinstance(tree, list) and isinstance(part, int) and part < len(tree))):
             return False

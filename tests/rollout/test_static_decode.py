@@ -114,8 +114,9 @@ def test_buffers_are_kept_for_generations_of_one_shape():
 
 def test_the_prompts_cache_goes_to_each_completions_rows_without_a_repeated_copy(monkeypatch):
     """n completions a prompt: the static buffers take the prompt's cache into its n rows directly; the model's cache is
-    not repeated n times first (a copy as large as the buffers' prompt part: 1.9 of the 4.1-4.6 GB peak of a 480-token
-    prompt at W2's width, bench/prefill_memory.py). The model's forward (decode=hf) still repeats it."""
+    not repeated n times first (a copy as large as the buffers' prompt part: with 480-token prompts at W2's width the
+    generation's peak fell from 4.2-4.3 to 2.5-2.6 GB, bench/prefill_memory.py). The model's forward (decode=hf) still
+    repeats it."""
     from transformers import DynamicCache
 
     model = _model("llama")
