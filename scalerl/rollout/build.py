@@ -35,17 +35,20 @@ log = logging.getLogger(__name__)
 
 
 def build_sampler(config: Config, policy: torch.nn.Module, tokenizer, device: torch.device, autocast=None, gather=None,
-                  stop_ids: list[int] | None = None, run_dir: Path | None = None, engine: str | None = None) -> Sampler:
+                  stop_ids: list[int] | None = None, run_dir: Path | None = None, engine: str | None = None,
+                  planned_generations: int | None = None) -> Sampler:
     """The rollout engine `engine` (default `rollout.engine`); `autocast`: the learner's compute precision, which sampling
     shares; `gather`: the parallel strategy's full-weights context for a sharded policy; `stop_ids`: the tokens
     that end a completion (default EOS; with a chat template its end-of-turn token too); `run_dir`: where the
-    vLLM engine's model folder is written (a temporary folder without one)."""
+    vLLM engine's model folder is written (a temporary folder without one); `planned_generations`: the training
+    generations the run will ask for (the HF engine's rollout.decode=auto weighs compiling its step against them)."""
     match engine or config.rollout.engine:
         case "hf":
             from scalerl.rollout.hf import HFSampler
 
             return HFSampler(policy, pad_id=tokenizer.pad_token_id, eos_id=stop_ids or tokenizer.eos_token_id, device=device,
-                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather, decode=config.rollout.decode)
+                             autocast=autocast, fp32_head=config.precision_policy.fp32_lm_head, gather=gather, decode=config.rollout.decode,
+                             planned_generations=planned_generations)
         case "vllm":
             return build_vllm_sampler(config, policy, tokenizer, device, stop_ids, run_dir)
     raise ScaleRLError(f"rollout.engine: unknown engine {config.rollout.engine!r}")
@@ -95,7 +98,9 @@ def build_rollout(config: Config, ctx: DistContext, run_dir: Path, policy: torch
                           seed=config.train.seed, shuffle=config.env.shuffle)
     prompts = fit_prompts(config, prompt_format(config.env.chat_template, config.env.system_prompt, tokenizer), env,
                           model_positions(policy), log.warning if announce and ctx.is_main else None)
-    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir, engine)
+    # a worker that only evaluates (teacher False) plans no training generations
+    sampler = build_sampler(config, policy, tokenizer, ctx.device, autocast, gather, prompts.stop_ids(), run_dir, engine,
+                            planned_generations=config.train.steps if teacher else None)
     ro, algo = config.rollout, config.algorithm
     params = SamplingParams(max_new_tokens=ro.max_new_tokens, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, n=ro.group_size,
                             min_new_tokens=ro.min_new_tokens)

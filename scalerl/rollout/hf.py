@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import ContextManager
@@ -99,19 +100,75 @@ class DecodeClock:
         return (self.n * self.ct - self.c * self.seconds) / var if self.n >= 3 and var > 0 else None
 
 
+class CompileTrial:
+    """rollout.decode=auto's choice of compiling the decode step, by measurement.
+
+    The kept decoder's generations (training's shape) are timed. Once `TIMED` of them (after the first, a warm-up)
+    say that the generations still planned would take `AHEAD_S` or more eagerly, the step is compiled and its next
+    `TIMED` generations after the one that compiled are timed too; the compiled step stays if its median is at
+    least `MARGIN` faster than the eager one, else the eager step comes back. One trial a run: the verdict
+    (`kept`, `reverted`, `failed`) holds for later shapes (kept: they compile at once). The threshold is meant to
+    cover the compile and a trial that loses: compiling took 0.5-15 s on a 2-core CPU for 1-8 layers
+    (docs/benchmarks.md), and the compiled step ranged from 0.87x (sdpa attention, W2's shape) to 1.69x the eager one.
+    """
+
+    AHEAD_S = 600.0  # seconds of eager decoding still ahead that make a trial worth its compile
+    TIMED = 3  # generations timed on each side, after each side's first
+    MARGIN = 0.95  # the compiled step's median time must be under this x the eager one's
+
+    def __init__(self, planned: int):
+        self.planned, self.done = planned, 0  # training generations of the run, and those done
+        self.verdict: str | None = None  # None, "trying", "kept", "reverted", "failed"
+        self.restart()
+
+    def restart(self) -> None:
+        self.eager: list[float] = []
+        self.compiled: list[float] = []
+
+    def record(self, decoder: StaticDecoder, seconds: float) -> bool | None:
+        """Time one generation of the kept `decoder`; returns True to compile its step now, False to go back to the
+        eager step, None to keep it as it is."""
+        self.done += 1
+        if self.verdict == "trying" and not decoder.compiled:  # it did not compile: StaticDecoder.step warned
+            self.verdict = "failed"
+        if self.verdict not in (None, "trying"):
+            return None
+        (self.compiled if decoder.compiled else self.eager).append(seconds)
+        eager = statistics.median(self.eager[1:]) if len(self.eager) > self.TIMED else None
+        if self.verdict is None and eager is not None:
+            ahead = (self.planned - self.done) * eager
+            if ahead < self.AHEAD_S:
+                return None
+            self.verdict = "trying"
+            log.warning("rollout.decode=auto: %d generations ahead at %.3g s each (%.0f s): compiling the decode step for "
+                        "%d rows x %d positions, kept if its next %d generations are faster", self.planned - self.done,
+                        eager, ahead, decoder.keys[0].shape[0], decoder.capacity, self.TIMED)
+            return True
+        if self.verdict == "trying" and len(self.compiled) > self.TIMED:
+            compiled = statistics.median(self.compiled[1:])
+            took = self.compiled[0] - compiled
+            self.verdict = "kept" if compiled < self.MARGIN * eager else "reverted"
+            log.warning("rollout.decode=auto: the compiled decode step took %.3g s a generation against %.3g s eagerly "
+                        "(compiling: %.1f s): %s", compiled, eager, took,
+                        "kept" if self.verdict == "kept" else "back to the eager step")
+            return False if self.verdict == "reverted" else None
+        return None
+
+
 class HFSampler:
     """Samples from a Hugging Face causal LM: the training model itself (weights shared, `sync_weights(None, v)`)
     or a copy that receives state dicts."""
 
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int | Sequence[int], device: torch.device,
                  autocast: Callable[[], ContextManager] | None = None, fp32_head: bool = True,
-                 gather: Callable[[], ContextManager] | None = None, decode: str = "auto"):
+                 gather: Callable[[], ContextManager] | None = None, decode: str = "auto", planned_generations: int | None = None):
         """`autocast`: the learner's compute precision (a context factory, e.g. bf16 autocast), so that
         sampling runs in it too; `fp32_head`: the LM head's matmul and the softmax in float32 whatever
         the compute dtype (the ScaleRL recipe's FP32 head, as in `completion_forward`); `gather`: a
         context factory in which a sharded model's full weights are readable (FSDP2's all-gather);
         `decode` (rollout.decode): "auto" decodes on a static KV cache (scalerl/rollout/static_decode.py) where
-        the model allows, "hf" with the model's forward, "compiled" the static step compiled."""
+        the model allows, and compiles its step where that pays (`CompileTrial`: `planned_generations`, the run's
+        training generations, must be given), "hf" with the model's forward, "compiled" the static step compiled."""
         # eos_id: EOS, or the tokens that end a completion (EOS and a chat template's end-of-turn token)
         stops = [eos_id] if isinstance(eos_id, int) else list(eos_id)
         self.model, self.pad_id, self.eos_id, self.device = model, pad_id, stops[0], device
@@ -125,6 +182,7 @@ class HFSampler:
         self._warned = False
         self._version = 0
         self.decode_clock = DecodeClock()
+        self.trial = CompileTrial(planned_generations) if decode == "auto" and planned_generations else None
         # transformers 5.x renamed the cache argument of forward from `past_key_values` to `cache`.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -221,7 +279,11 @@ class HFSampler:
             if kept is not None:
                 kept.release()  # the old buffers go before the new ones are allocated
             self._static = None
-            decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
+            if self.trial is not None:
+                self.trial.restart()  # another shape: its own timings (a verdict already reached stands)
+                compiled = self.trial.verdict == "kept"
+            decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled,
+                                                   asked=self.decode == "compiled")
         decoder.load(cache, mask, first_positions, self._version, group=group)
         return decoder
 
@@ -250,6 +312,7 @@ class HFSampler:
         if static is None and n > 1:
             past.batch_repeat_interleave(n)
         attn = mask
+        began = time.perf_counter()
         finished = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps = [], []
         synced = context = None  # the last host sync (decode_clock) and the cache length of the forward since
@@ -284,4 +347,6 @@ class HFSampler:
             next_pos = next_pos + 1
         if static is not None and static is not self._static:
             static.release()  # this generation's own buffers (an evaluation's), not kept
+        elif static is not None and self.trial is not None and (swap := self.trial.record(static, time.perf_counter() - began)) is not None:
+            self._static = static.swapped(compiled=swap)  # the kept buffers' step, compiled or back to eager
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished

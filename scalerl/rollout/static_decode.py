@@ -18,8 +18,9 @@ every product), and eager attention runs over the whole buffer (see `_attend`).
 `compiled` runs the step (fixed shapes: attention over the whole buffer, the mask hiding the columns not yet
 written; buffers a multiple of BUCKET long, so prompts of other lengths reuse the graph) through `torch.compile`
 once per batch shape: 3-15 s on this CPU, for 1.4-1.7x at W1 and 1.45x at W2 with eager attention (1.04x with
-sdpa's) against the model's forward, ~1.2x against `auto` at W2 eager; it pays for itself after hundreds of
-generations at W1 and ~50 at W2, so `auto` does not compile.
+sdpa's) against the model's forward, ~1.2x against the eager static step at W2 eager (0.87x at W2 with sdpa); it
+pays for itself after hundreds of generations at W1 and ~50 at W2, so `auto` compiles only by measurement, in a run
+long enough to pay (`CompileTrial` in scalerl/rollout/hf.py), and keeps the graph only where it measures faster.
 
 Families whose decoder layers are Llama's (llama, mistral, qwen2, qwen3: pre-norm, rotary, optional q/k norms and
 biases); others, sliding windows shorter than the sequence, or attention other than sdpa/eager take the model's forward.
@@ -33,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+from scalerl.errors import ScaleRLError
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 log = logging.getLogger(__name__)
@@ -70,9 +73,11 @@ class StaticDecoder:
     """Decode steps on KV buffers that are kept across generations of the same shape (`fits`, `load`)."""
 
     def __init__(self, model: torch.nn.Module, rows: int, capacity: int, dtype: torch.dtype, device: torch.device, *,
-                 compiled: bool = False):
-        """Buffers for `rows` sequences of up to `capacity` positions, rounded up to BUCKET."""
-        self.decoder = model.get_decoder()
+                 compiled: bool = False, asked: bool = True):
+        """Buffers for `rows` sequences of up to `capacity` positions, rounded up to BUCKET. `compiled`: the step through
+        torch.compile; `asked`: rollout.decode=compiled asked for it (a failed compile is a one-line error), else
+        rollout.decode=auto chose it (scalerl/rollout/hf.py: a failed compile warns and the step runs eagerly)."""
+        self.model, self.decoder = model, model.get_decoder()
         attn = self.decoder.layers[0].self_attn
         kv_heads, head_dim = attn.config.num_key_value_heads, attn.head_dim
         self.capacity = -(-capacity // BUCKET) * BUCKET
@@ -95,12 +100,23 @@ class StaticDecoder:
         # only the compiled step is kept as an attribute: a bound method kept on its own object is a reference cycle,
         # and buffers in a cycle wait for the garbage collector instead of going when the sampler lets go of them
         self._compiled: Callable | None = torch.compile(self._forward, dynamic=False, mode=mode) if compiled else None
-        if compiled:
+        self.asked, self._ran = asked, False  # _ran: the compiled step has run once (compiled)
+        if compiled and asked:
             log.warning("rollout.decode=compiled: compiling the decode step for %d rows x %d positions (once per batch shape: "
                         "training and evaluation batches are separate shapes; 4-15 s each on a 2-core CPU)", rows, self.capacity)
 
     def fits(self, rows: int, capacity: int, dtype: torch.dtype) -> bool:
         return self.keys[0].shape[0] == rows and capacity <= self.capacity and self.keys[0].dtype == dtype
+
+    def swapped(self, *, compiled: bool) -> StaticDecoder:
+        """A decoder of this one's shape in its place, its step compiled or not (rollout.decode=auto's trial,
+        scalerl/rollout/hf.py); this one's buffers go first."""
+        keys = self.keys[0]
+        rows, capacity, dtype, device = keys.shape[0], self.capacity, keys.dtype, keys.device
+        self.release()
+        other = StaticDecoder(self.model, rows, capacity, dtype, device, compiled=compiled, asked=False)
+        other.uses, other._version = self.uses, self._version
+        return other
 
     def release(self) -> None:
         """Let go of the buffers now (a decoder the sampler no longer keeps; a compiled one is held by its graph)."""
@@ -138,8 +154,24 @@ class StaticDecoder:
         self.mask[:, 0, 0, c] = True
         self.length += 1
         cos, sin = self.cos[:, i:i + 1], self.sin[:, i:i + 1]
-        column = torch.tensor([c], device=tokens.device) if self.compiled else c  # compiled: fixed shapes, the column a tensor
-        return (self._compiled or self._forward)(tokens[:, None], cos, sin, column, self.mask if self.whole_buffer else self.mask[..., : c + 1])
+        visible = self.mask if self.whole_buffer else self.mask[..., : c + 1]
+        if self._compiled is None:
+            return self._forward(tokens[:, None], cos, sin, c, visible)
+        column = torch.tensor([c], device=tokens.device)  # compiled: fixed shapes, the column a tensor
+        if self._ran:
+            return self._compiled(tokens[:, None], cos, sin, column, visible)
+        try:  # the first call compiles
+            out = self._compiled(tokens[:, None], cos, sin, column, visible)
+        except Exception as error:  # any type: inductor fails in many ways (no C++ compiler, an unsupported op)
+            why = type(error).__name__ + (f": {str(error).strip().splitlines()[0]}" if str(error).strip() else "")
+            if self.asked:
+                raise ScaleRLError(f"rollout.decode=compiled: torch.compile failed on the decode step ({why}); "
+                                   "use rollout.decode=auto (the same static KV cache, not compiled)") from error
+            log.warning("rollout.decode=auto: the decode step did not compile (%s); it runs eagerly", why)
+            self._compiled, self.compiled = None, False  # the same buffers, the whole of them attended, masked
+            return self._forward(tokens[:, None], cos, sin, c, visible)
+        self._ran = True
+        return out
 
     def _forward(self, ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, column: int | torch.Tensor,
                  visible: torch.Tensor) -> torch.Tensor:

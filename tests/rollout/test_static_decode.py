@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from scalerl.rollout.hf import HFSampler
+from scalerl.errors import ScaleRLError
+from scalerl.rollout.hf import CompileTrial, HFSampler
 from scalerl.rollout.static_decode import StaticDecoder, decode_path, unsupported
 from scalerl.types import SamplingParams
 
@@ -207,3 +208,75 @@ def test_the_compiled_step_samples_the_same_tokens(caplog):
     assert torch.equal(sampler.sample(shorter, params, seeds=[1, 2, 3]).completion_ids,
                        HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode="hf").sample(shorter, params, seeds=[1, 2, 3]).completion_ids)
     assert sampler._static is graph
+
+
+def _trial_sampler(monkeypatch, model, planned: int, seconds: dict[bool, float], decode: str = "auto") -> HFSampler:
+    """A sampler whose kept decoder's generations are timed as `seconds[compiled]` (the verdict's input, fixed)."""
+    record = CompileTrial.record
+    monkeypatch.setattr(CompileTrial, "record", lambda self, decoder, _s: record(self, decoder, seconds[decoder.compiled]))
+    return HFSampler(model, pad_id=0, eos_id=2, device=torch.device("cpu"), decode=decode, planned_generations=planned)
+
+
+def test_auto_compiles_a_long_runs_decode_step_and_keeps_it_when_faster(monkeypatch, caplog):
+    """rollout.decode=auto: once its first generations say that the run's remaining ones would take over AHEAD_S
+    eagerly, the kept decoder's step is compiled (really: torch.compile) and kept when its generations are faster;
+    every generation samples the model's own tokens, before, during and after."""
+    model = _model("llama", num_hidden_layers=1)  # one layer: the smallest graph to compile
+    params = SamplingParams(max_new_tokens=6, min_new_tokens=6, temperature=1.0, n=2)
+    own, _ = _sample(model, "hf", params)
+    sampler = _trial_sampler(monkeypatch, model, planned=1000, seconds={False: 1.0, True: 0.5})
+    compiled_at = []
+    for generation in range(1, 9):  # 1 warm-up + 3 timed eagerly; the 5th compiles; 3 more timed compiled
+        out, _ = _sample(model, "auto", params, sampler=sampler)
+        assert torch.equal(out.completion_ids, own.completion_ids), generation
+        torch.testing.assert_close(out.sampler_logprobs, own.sampler_logprobs, atol=1e-5, rtol=1e-5)
+        if sampler._static.compiled:
+            compiled_at.append(generation)
+    assert compiled_at == [4, 5, 6, 7, 8]  # swapped after the 4th generation's verdict, in place for the 5th
+    assert sampler.trial.verdict == "kept" and sampler._static.uses == 1  # one weight version: the carried count
+    assert "1000 generations ahead" not in caplog.text and "996 generations ahead at 1 s each (996 s): compiling" in caplog.text
+    assert "took 0.5 s a generation against 1 s eagerly" in caplog.text and caplog.text.rstrip().endswith("kept")
+
+
+def _no_compile(fn, **_options):  # torch.compile's stand-in: the step as it is (what the verdict does not look at)
+    return fn
+
+
+@pytest.mark.parametrize("planned, compiled_s, verdict, compiled_after", [
+    (1000, 2.0, "reverted", False),  # the compiled step slower: back to the eager one
+    (1000, 0.97, "reverted", False),  # within MARGIN: not worth a graph
+    (600, 0.5, None, False),  # 596 generations x 1 s ahead: under AHEAD_S, never tried
+])
+def test_auto_goes_back_to_the_eager_step_or_never_tries(monkeypatch, planned, compiled_s, verdict, compiled_after):
+    monkeypatch.setattr("scalerl.rollout.static_decode.torch.compile", _no_compile)
+    model = _model("llama", num_hidden_layers=1)
+    params = SamplingParams(max_new_tokens=4, min_new_tokens=4, temperature=1.0, n=2)
+    own, _ = _sample(model, "hf", params)
+    sampler = _trial_sampler(monkeypatch, model, planned=planned, seconds={False: 1.0, True: compiled_s})
+    for _ in range(12):
+        out, _ = _sample(model, "auto", params, sampler=sampler)
+        assert torch.equal(out.completion_ids, own.completion_ids)
+    assert sampler.trial.verdict == verdict and sampler._static.compiled is compiled_after
+    assert sampler.trial.done == 12
+
+
+def _broken_compile(fn, **_options):
+    def step(*args):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\n(details)")
+    return step
+
+
+def test_a_step_that_does_not_compile_runs_eagerly_under_auto_and_stops_an_explicit_compiled(monkeypatch, caplog):
+    monkeypatch.setattr("scalerl.rollout.static_decode.torch.compile", _broken_compile)
+    model = _model("llama", num_hidden_layers=1)
+    params = SamplingParams(max_new_tokens=4, min_new_tokens=4, temperature=1.0, n=2)
+    own, _ = _sample(model, "hf", params)
+    sampler = _trial_sampler(monkeypatch, model, planned=1000, seconds={False: 1.0, True: 0.5})
+    for _ in range(7):
+        out, _ = _sample(model, "auto", params, sampler=sampler)
+        assert torch.equal(out.completion_ids, own.completion_ids)
+    assert sampler.trial.verdict == "failed" and not sampler._static.compiled
+    assert "the decode step did not compile (RuntimeError: InvalidCxxCompiler: No working C++ compiler found); it runs eagerly" in caplog.text
+    with pytest.raises(ScaleRLError, match=r"^rollout.decode=compiled: torch.compile failed on the decode step \(RuntimeError: "
+                       r"InvalidCxxCompiler: No working C\+\+ compiler found\); use rollout.decode=auto"):
+        _sample(model, "compiled", params)
