@@ -284,6 +284,9 @@ class HFSampler:
                 compiled = self.trial.verdict == "kept"
             decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled,
                                                    asked=self.decode == "compiled")
+            if compiled and self.decode == "auto":
+                log.warning("rollout.decode=auto: compiling the decode step for a new batch shape, %d rows x %d positions "
+                            "(the trial kept the compiled step)", rows, decoder.capacity)
         decoder.load(cache, mask, first_positions, self._version, group=group)
         return decoder
 

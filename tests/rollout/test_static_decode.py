@@ -243,11 +243,12 @@ def _no_compile(fn, **_options):  # torch.compile's stand-in: the step as it is 
 
 
 @pytest.mark.parametrize("planned, compiled_s, verdict, compiled_after", [
+    (1000, 0.5, "kept", True),  # faster: kept, and a later batch shape compiles at once
     (1000, 2.0, "reverted", False),  # the compiled step slower: back to the eager one
     (1000, 0.97, "reverted", False),  # within MARGIN: not worth a graph
     (600, 0.5, None, False),  # 596 generations x 1 s ahead: under AHEAD_S, never tried
 ])
-def test_auto_goes_back_to_the_eager_step_or_never_tries(monkeypatch, planned, compiled_s, verdict, compiled_after):
+def test_auto_goes_back_to_the_eager_step_or_never_tries(monkeypatch, caplog, planned, compiled_s, verdict, compiled_after):
     monkeypatch.setattr("scalerl.rollout.static_decode.torch.compile", _no_compile)
     model = _model("llama", num_hidden_layers=1)
     params = SamplingParams(max_new_tokens=4, min_new_tokens=4, temperature=1.0, n=2)
@@ -258,6 +259,9 @@ def test_auto_goes_back_to_the_eager_step_or_never_tries(monkeypatch, planned, c
         assert torch.equal(out.completion_ids, own.completion_ids)
     assert sampler.trial.verdict == verdict and sampler._static.compiled is compiled_after
     assert sampler.trial.done == 12
+    sampler.sample(PROMPTS[:2], params, seeds=[11, 12])  # another shape (4 rows): compiled at once only after "kept"
+    assert sampler._static.keys[0].shape[0] == 4 and sampler._static.compiled is compiled_after
+    assert ("compiling the decode step for a new batch shape, 4 rows x 16 positions" in caplog.text) is compiled_after
 
 
 def _broken_compile(fn, **_options):
