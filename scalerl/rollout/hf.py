@@ -104,10 +104,11 @@ class CompileTrial:
     """rollout.decode=auto's choice of compiling the decode step, by measurement.
 
     The kept decoder's generations (training's shape) are timed. Once `TIMED` of them (after the first, a warm-up)
-    say that the generations still planned would take `AHEAD_S` or more eagerly, the step is compiled and its next
+    say that the generations still planned (the run's steps after the policy version that generates: a resumed run
+    has fewer ahead) would take `AHEAD_S` or more eagerly, the step is compiled and its next
     `TIMED` generations after the one that compiled are timed too; the compiled step stays if its median is at
-    least `MARGIN` faster than the eager one, else the eager step comes back. One trial a run: the verdict
-    (`kept`, `reverted`, `failed`) holds for later shapes (kept: they compile at once). The threshold is meant to
+    least `MARGIN` faster than the eager one, else the eager step comes back. One trial a run, on the kept shape: other
+    shapes (an evaluation's) decode on the eager static step. The threshold is meant to
     cover the compile and a trial that loses: compiling took 0.5-15 s on a 2-core CPU for 1-8 layers
     (docs/benchmarks.md), and the compiled step ranged from 0.87x (sdpa attention, W2's shape) to 1.69x the eager one.
     """
@@ -117,7 +118,7 @@ class CompileTrial:
     MARGIN = 0.95  # the compiled step's median time must be under this x the eager one's
 
     def __init__(self, planned: int):
-        self.planned, self.done = planned, 0  # training generations of the run, and those done
+        self.planned = planned  # training generations of the run: one per policy version
         self.verdict: str | None = None  # None, "trying", "kept", "reverted", "failed"
         self.restart()
 
@@ -125,10 +126,9 @@ class CompileTrial:
         self.eager: list[float] = []
         self.compiled: list[float] = []
 
-    def record(self, decoder: StaticDecoder, seconds: float) -> bool | None:
-        """Time one generation of the kept `decoder`; returns True to compile its step now, False to go back to the
-        eager step, None to keep it as it is."""
-        self.done += 1
+    def record(self, decoder: StaticDecoder, seconds: float, version: int) -> bool | None:
+        """Time one generation of the kept `decoder` by the policy of `version`; returns True to compile its step now,
+        False to go back to the eager step, None to keep it as it is."""
         if self.verdict == "trying" and not decoder.compiled:  # it did not compile: StaticDecoder.step warned
             self.verdict = "failed"
         if self.verdict not in (None, "trying"):
@@ -136,13 +136,13 @@ class CompileTrial:
         (self.compiled if decoder.compiled else self.eager).append(seconds)
         eager = statistics.median(self.eager[1:]) if len(self.eager) > self.TIMED else None
         if self.verdict is None and eager is not None:
-            ahead = (self.planned - self.done) * eager
-            if ahead < self.AHEAD_S:
+            left = max(self.planned - version - 1, 0)
+            if left * eager < self.AHEAD_S:
                 return None
             self.verdict = "trying"
             log.warning("rollout.decode=auto: %d generations ahead at %.3g s each (%.0f s): compiling the decode step for "
-                        "%d rows x %d positions, kept if its next %d generations are faster", self.planned - self.done,
-                        eager, ahead, decoder.keys[0].shape[0], decoder.capacity, self.TIMED)
+                        "%d rows x %d positions, kept if its next %d generations are faster", left, eager, left * eager,
+                        decoder.keys[0].shape[0], decoder.capacity, self.TIMED)
             return True
         if self.verdict == "trying" and len(self.compiled) > self.TIMED:
             compiled = statistics.median(self.compiled[1:])
@@ -280,13 +280,8 @@ class HFSampler:
                 kept.release()  # the old buffers go before the new ones are allocated
             self._static = None
             if self.trial is not None:
-                self.trial.restart()  # another shape: its own timings (a verdict already reached stands)
-                compiled = self.trial.verdict == "kept"
-            decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled,
-                                                   asked=self.decode == "compiled")
-            if compiled and self.decode == "auto":
-                log.warning("rollout.decode=auto: compiling the decode step for a new batch shape, %d rows x %d positions "
-                            "(the trial kept the compiled step)", rows, decoder.capacity)
+                self.trial.restart()  # another kept shape: its own timings, before a verdict
+            decoder = self._static = StaticDecoder(self.model, rows, capacity, dtype, mask.device, compiled=compiled)
         decoder.load(cache, mask, first_positions, self._version, group=group)
         return decoder
 
@@ -350,6 +345,7 @@ class HFSampler:
             next_pos = next_pos + 1
         if static is not None and static is not self._static:
             static.release()  # this generation's own buffers (an evaluation's), not kept
-        elif static is not None and self.trial is not None and (swap := self.trial.record(static, time.perf_counter() - began)) is not None:
+        elif static is not None and self.trial is not None and \
+                (swap := self.trial.record(static, time.perf_counter() - began, self._version)) is not None:
             self._static = static.swapped(compiled=swap)  # the kept buffers' step, compiled or back to eager
         return torch.stack(tokens, dim=1), torch.stack(logps, dim=1), finished
