@@ -90,11 +90,16 @@ class Trainer:
         return self.summary
 
     def evaluate(self, *, max_tasks: int | None = None) -> float:
-        """The held-out score of the trained model (before `train`: of the starting model), greedy as `eval.*` says: the
-        pass rate of an environment with a verifier, else the mean weighted reward of the reward functions."""
+        """The held-out score of the run folder's newest checkpoint (after `train`: the trained model; before it, an
+        earlier run's under the same `log.name`, which `train(resume=True)` would continue: said on stderr), else of the
+        starting model; greedy as `eval.*` says: the pass rate of an environment with a verifier, else the mean weighted
+        reward of the reward functions. A LoRA run's checkpoint is scored as its base with the adapters merged."""
         from scalerl.api.evaluate import held_out_score
 
         model = self.checkpoint() if self.summary is not None or (self.run_dir / "checkpoints").is_dir() else None
+        if model is not None and self.summary is None:
+            print(f"evaluate: scoring {model}, of an earlier run under log.name {self.config.log.name!r} (another log.name "
+                  "scores the starting model)", file=sys.stderr)
         return held_out_score(self.config, model, self.reward_funcs, max_tasks or self.config.eval.max_tasks)
 
     def checkpoint(self) -> Path:

@@ -105,7 +105,9 @@ def load_policy(folder: Path, dtype: str, load: dict, *, merge_lora: bool, quant
                            "then quantised)")
     if not merge_lora:
         return None if lora else AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], **load)
-    from peft import PeftModel
+    from scalerl.models.lora import import_peft
+
+    peft = import_peft("--merge-lora needs the peft library: pip install 'scalerl[lora]'")
 
     base_path = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
     try:
@@ -113,7 +115,7 @@ def load_policy(folder: Path, dtype: str, load: dict, *, merge_lora: bool, quant
     except (OSError, ValueError) as err:
         raise ScaleRLError(f"--merge-lora: cannot load the base model {base_path!r} that {folder / 'adapter_config.json'} names "
                            f"({str(err).splitlines()[0][:160]}); put it back there, or fix base_model_name_or_path") from None
-    merged = PeftModel.from_pretrained(base, folder).merge_and_unload()
+    merged = peft.PeftModel.from_pretrained(base, folder).merge_and_unload()
     if not quantize:
         return merged.to(DTYPES[dtype])
     merged.save_pretrained(scratch)  # quantisation happens as transformers loads: from the merged float32 weights

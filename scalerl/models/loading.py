@@ -8,7 +8,7 @@ import torch
 
 from scalerl.config import ModelConfig
 from scalerl.errors import ScaleRLError
-from scalerl.models.paths import resolve_model_path
+from scalerl.models.paths import adapter_base, has_tokenizer_files, resolve_model_path
 
 
 def attention_choice(requested: str, device: torch.device) -> tuple[str, str | None]:
@@ -49,10 +49,15 @@ def hub_kernels_kwargs(enabled: bool) -> dict[str, bool]:
 
 
 def load_tokenizer(config: ModelConfig):
+    """The tokenizer of model.tokenizer, else of model.path (a LoRA adapter folder's own, else its base model's)."""
     from transformers import AutoTokenizer
 
     field = "model.tokenizer" if config.tokenizer else "model.path"  # the setting that named the source
-    source = resolve_model_path(config.tokenizer or config.path, field)
+    base = None if config.tokenizer else adapter_base(config.path)
+    if base is not None:
+        source = config.path if has_tokenizer_files(config.path) else resolve_model_path(base, f"{config.path}'s base model")
+    else:
+        source = resolve_model_path(config.tokenizer or config.path, field)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=config.trust_remote_code)
     except Exception as err:  # OSError, ValueError, TypeError, ... from transformers: the source is at fault
@@ -67,10 +72,15 @@ def load_tokenizer(config: ModelConfig):
 
 
 def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """model.path's causal LM on `device`. A LoRA adapter folder (a LoRA run's checkpoint or its export) loads as its
+    base model with the adapters merged in (W + (alpha / r) B A), for evaluation: training refuses such a folder
+    (`resolve_model_path`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" / "Writing model shards" bars in our console
+    if (base := adapter_base(config.path)) is not None:
+        return load_adapted(config, base, device, dtype)
     source = resolve_model_path(config.path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -90,6 +100,22 @@ def load_model(config: ModelConfig, device: torch.device, dtype: torch.dtype = t
         enable()
         model.config.use_cache = False  # the rollout passes use_cache=True explicitly
     return model.to(device)
+
+
+def load_adapted(config: ModelConfig, base: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The base model that the adapter folder model.path names, its adapters merged in."""
+    from scalerl.models.lora import import_peft
+
+    peft = import_peft(f"model.path: {config.path} is a LoRA adapter folder; loading it needs peft (`pip install "
+                       "'scalerl[lora]'`), or export the run with --merge-lora")
+    field = f"{config.path}'s base model (base_model_name_or_path in its adapter_config.json)"
+    resolve_model_path(base, field)  # a moved or deleted base: one line naming the adapter folder's setting
+    model = load_model(config.model_copy(update={"path": base, "gradient_checkpointing": False}), device, torch.float32)
+    try:
+        merged = peft.PeftModel.from_pretrained(model, config.path).merge_and_unload()
+    except Exception as err:  # peft's errors on a folder that does not fit its base: missing keys, shapes
+        raise ScaleRLError(f"model.path: the adapters in {config.path} do not load onto {base} ({_first_line(err)})") from err
+    return merged.to(device=device, dtype=dtype)
 
 
 def _first_line(err: Exception) -> str:

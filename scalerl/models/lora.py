@@ -12,6 +12,8 @@ adapters; the base is reloaded from `model.path`.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from typing import Any
 
 import torch
@@ -22,17 +24,43 @@ from scalerl.errors import ScaleRLError
 from scalerl.types import Rollout
 
 
-def _peft():
-    try:
-        import peft
-    except ImportError:
-        raise ScaleRLError("model.lora.r > 0 needs the peft library: pip install 'scalerl[lora]' (or set model.lora.r=0)") from None
+def import_peft(why: str = "model.lora.r > 0 needs the peft library: pip install 'scalerl[lora]' (or set model.lora.r=0)"):
+    """peft, imported without a Hub download: importing peft imports bitsandbytes, whose CPU backend, on a CPU with
+    AVX512-BF16, fetches a kernel from the Hugging Face Hub through `kernels.get_kernel` (and prints a warning where it
+    cannot). Nothing is downloaded at run time here (model.hub_kernels); bitsandbytes then uses its own CPU code.
+    `why`: the error when peft is not installed."""
+    with no_hub_kernels():
+        try:
+            import peft
+        except ImportError:
+            raise ScaleRLError(why) from None
     return peft
+
+
+@contextlib.contextmanager
+def no_hub_kernels():
+    """`kernels.get_kernel` refuses (and bitsandbytes' CPU backend's warning about it is not printed) inside."""
+    try:
+        import kernels
+    except ImportError:  # no kernels package: nothing to fetch with
+        yield
+        return
+
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("ScaleRL loads no kernel from the Hub at run time (model.hub_kernels)")
+
+    quiet = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    fetch, level = getattr(kernels, "get_kernel", None), quiet.level
+    kernels.get_kernel, quiet.level = refuse, logging.ERROR
+    try:
+        yield
+    finally:
+        kernels.get_kernel, quiet.level = fetch, level
 
 
 def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool = False) -> nn.Module:
     """The model with LoRA adapters on `lora.target_modules`; its base weights frozen."""
-    peft = _peft()
+    peft = import_peft()
     settings = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, bias="none",
                                target_modules=lora.target_modules, task_type="CAUSAL_LM")
     try:

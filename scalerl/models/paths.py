@@ -37,6 +37,10 @@ def resolve_model_path(path: str, field: str = "model.path") -> str:
     # os.path's tests, not Path's: they answer False where Path's raise (a name too long, say).
     if os.path.isdir(local):
         if not os.path.isfile(local / "config.json"):
+            if (base := adapter_base(local)) is not None:
+                raise ScaleRLError(f"{field}: {path} is a LoRA adapter folder (peft's adapter_config.json; its base model: {base}); "
+                                   "training starts from a whole model: give the base (the run's model.lora adds new adapters), "
+                                   "or `scalerl export RUN --merge-lora` for one folder with the adapters merged")
             raise ScaleRLError(f"{field}: {path} has no config.json; point it at a Hugging Face model folder (save_pretrained output)")
         read_model_config(local, field)
         return str(local)
@@ -44,6 +48,22 @@ def resolve_model_path(path: str, field: str = "model.path") -> str:
     if looks_local or os.path.exists(local):
         raise ScaleRLError(f"{field}: {path} is not a model folder; give a folder with config.json and weights, or 'builtin'")
     return path  # a hub id such as Qwen/Qwen2.5-0.5B
+
+
+def adapter_base(folder: Path | str) -> str | None:
+    """The base model a peft adapter folder names (adapter_config.json without config.json: a LoRA run's checkpoint,
+    or its `scalerl export` without --merge-lora), None for any other path."""
+    local = Path(folder)
+    if not os.path.isfile(local / "adapter_config.json") or os.path.isfile(local / "config.json"):
+        return None
+    try:
+        tree = json.loads((local / "adapter_config.json").read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ScaleRLError(f"{local / 'adapter_config.json'} is not valid JSON ({type(err).__name__}); restore the adapter folder") from None
+    base = tree.get("base_model_name_or_path") if isinstance(tree, dict) else None
+    if not isinstance(base, str) or not base:
+        raise ScaleRLError(f"{local / 'adapter_config.json'} names no base_model_name_or_path; write the base model's folder there")
+    return base
 
 
 def read_model_config(folder: Path | str, field: str) -> dict[str, Any]:

@@ -13,14 +13,13 @@ fallback reward and counts them.
 
 from __future__ import annotations
 
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
 from scalerl.types import Completion, Task
-from scalerl.rewards.safe_call import FunctionWorker, RewardCallError, call_function, check_length
+from scalerl.rewards.safe_call import FunctionWorker, RewardCallError, call_function, check_length, user_traceback
 
 
 @dataclass(frozen=True)
@@ -156,7 +155,7 @@ class CallableComponent:
         except TimeoutError as err:
             raise RewardCallError("timeout", f"{self.source} did not finish within {self.timeout_s:g} s (async, cancelled)") from err
         except Exception as err:  # the user's code: contained like a worker's failure, reported with its traceback
-            raise RewardCallError("error", traceback.format_exc()) from err
+            raise RewardCallError("error", user_traceback(err)) from err
         return torch.tensor(scores, dtype=torch.float32)
 
     def close(self) -> None:

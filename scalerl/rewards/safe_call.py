@@ -40,6 +40,7 @@ import inspect
 import logging
 import math
 import multiprocessing as mp
+import os
 import time
 import traceback
 from typing import Any, Callable
@@ -91,22 +92,49 @@ def call_function(fn: Callable[..., Any], spec: str, prompts: list[str], complet
     """Call `fn` here (sync, or async under `asyncio.wait_for(timeout_s)`) and return its floats.
     This is what the worker runs; it has no protection against a blocking function by itself.
     By keyword, as TRL calls a reward function: `def f(completions, **kwargs)` takes what it names."""
-    if inspect.iscoroutinefunction(fn):
-        result = asyncio.run(asyncio.wait_for(fn(prompts=prompts, completions=completions, **kwargs), timeout_s))
-    else:
-        result = fn(prompts=prompts, completions=completions, **kwargs)
-        if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
-            result = asyncio.run(asyncio.wait_for(result, timeout_s))
+    try:
+        if inspect.iscoroutinefunction(fn):
+            result = asyncio.run(asyncio.wait_for(fn(prompts=prompts, completions=completions, **kwargs), timeout_s))
+        else:
+            result = fn(prompts=prompts, completions=completions, **kwargs)
+            if inspect.isawaitable(result):  # a sync wrapper that hands back a coroutine
+                result = asyncio.run(asyncio.wait_for(result, timeout_s))
+    except TypeError as err:
+        if (hint := signature_hint(fn, spec, kwargs)) is None:  # raised inside the function: its own error
+            raise
+        raise TypeError(f"{err}; {hint}") from err
     return as_scores(result, spec)
 
 
-def _user_traceback(err: BaseException) -> str:
-    """The traceback from the first frame outside this file on: the reward function and what it called, without the
-    worker's own frames above it."""
+def signature_hint(fn: Callable[..., Any], spec: str, kwargs: dict[str, Any]) -> str | None:
+    """What to change in `fn`'s signature when it cannot take the call (prompts, completions and the columns by name),
+    None when it can (a TypeError then came from inside it)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to read
+        return None
+    names = ["prompts", "completions", *kwargs]
+    try:
+        signature.bind(**dict.fromkeys(names))
+    except TypeError as err:
+        wanted = [p.name for p in signature.parameters.values() if p.default is p.empty
+                  and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        if wanted:
+            return f"{spec} asks for {', '.join(map(repr, wanted))}, which the call does not pass: it passes {', '.join(names)}"
+        return f"{spec} is called with {', '.join(names)} by name: add **kwargs to its signature to take only what it names ({err})"
+    return None
+
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # scalerl/
+
+
+def user_traceback(err: BaseException) -> str:
+    """The traceback from the first frame outside the scalerl package on: the reward function and what it called,
+    without the frames of the worker or the in-process call (and the Python API's column wrapper) above it."""
     tb = err.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(PACKAGE + os.sep):
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(err), err, tb))
+    return "".join(traceback.format_exception(type(err), err, tb if tb is not None else err.__traceback__))
 
 
 def _worker_main(spec: str, conn) -> None:
@@ -139,7 +167,7 @@ def _worker_main(spec: str, conn) -> None:
             except (asyncio.TimeoutError, TimeoutError):
                 reply = ("timeout", f"{spec} did not finish within {timeout_s:g} s (async, cancelled)")
             except BaseException as err:  # the user's function failed: its traceback goes back to the parent
-                reply = ("error", _user_traceback(err))
+                reply = ("error", user_traceback(err))
             conn.send(reply)
     except (BrokenPipeError, ConnectionResetError):  # the parent is gone: nobody to answer
         return

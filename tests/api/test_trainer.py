@@ -114,14 +114,17 @@ def test_chat_message_prompts_reach_the_reward_as_messages(runs, tmp_path):
     assert got["completion"][0]["role"] == "assistant" and isinstance(got["completion"][0]["content"], str)
 
 
-def test_reward_weights_fuse_several_callables(runs):
-    trainer = Trainer(reward_funcs=[lambda prompts, completions, **kw: [1.0] * len(completions),
-                                    lambda prompts, completions, **kw: [2.0] * len(completions)],
-                      reward_weights=[0.5, 2.0], train_dataset=ROWS, config=tiny(runs, "weights", **{"train.steps": 1}))
+def test_reward_weights_fuse_several_callables(runs, capsys):
+    rewards = [lambda prompts, completions, **kw: [1.0] * len(completions), lambda prompts, completions, **kw: [2.0] * len(completions)]
+    trainer = Trainer(reward_funcs=rewards, reward_weights=[0.5, 2.0], train_dataset=ROWS, config=tiny(runs, "weights", **{"train.steps": 1}))
     assert [c.name for c in trainer.config.reward.components] == ["_lambda_", "_lambda__1"]
     assert trainer.evaluate() == pytest.approx(0.5 * 1.0 + 2.0 * 2.0)  # before training: the starting model
     trainer.train()
     assert trainer.evaluate() == pytest.approx(0.5 * 1.0 + 2.0 * 2.0)
+    capsys.readouterr()
+    # a new Trainer under the same log.name, before its train(): the earlier run's checkpoint, and it says so
+    Trainer(reward_funcs=rewards, reward_weights=[0.5, 2.0], train_dataset=ROWS, config=tiny(runs, "weights")).evaluate()
+    assert "evaluate: scoring " in (err := capsys.readouterr().err) and "step_0000001, of an earlier run under log.name 'weights'" in err
 
 
 def test_a_config_object_or_a_yaml_path_is_the_base(runs, tmp_path):

@@ -153,3 +153,53 @@ def test_lora_training_raises_the_pass_rate(runs):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((runs / "lora-learn" / "summary.json").read_text())
     assert summary["pass_rate_after"] > summary["pass_rate_before"] + 0.1, summary
+
+
+def test_a_lora_runs_adapters_evaluate_as_base_plus_adapters_and_refuse_to_start_training(runs, tmp_path):
+    """A LoRA run's checkpoint and its export without --merge-lora are peft adapter folders (no config.json):
+    `Trainer.evaluate()` and `scalerl eval` load them as the base with the adapters merged (the same numbers as
+    from_pretrained's base + adapters, the same pass rate as the --merge-lora export); as a training run's model.path
+    such a folder is refused in one line that names its base."""
+    from transformers import AutoModelForCausalLM
+
+    from scalerl import Trainer
+    from scalerl.config import ModelConfig
+
+    trainer = Trainer(config=tiny_overrides(runs, "lora-eval", **{**LORA, "train.steps": 3, "checkpoint.every": 3}))
+    trainer.train()
+    checkpoint = trainer.checkpoint()
+    assert (checkpoint / "adapter_config.json").is_file() and not (checkpoint / "config.json").exists()
+    ids = torch.tensor([[5, 9, 12, 7, 3, 20]])
+    with torch.no_grad():
+        expected = AutoModelForCausalLM.from_pretrained(checkpoint).eval()(ids).logits  # peft: base + adapters
+        loaded = load_model(ModelConfig(path=str(checkpoint)), torch.device("cpu")).eval()
+        assert not any("lora" in n for n, _ in loaded.named_parameters())  # merged: a plain model
+        torch.testing.assert_close(loaded(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    assert trainer.evaluate(max_tasks=16) == trainer.summary["pass_rate_after"]  # the run's own final evaluation
+    scores = {}
+    for name, extra in (("adapters", []), ("merged", ["--merge-lora"])):
+        assert run_cli("-m", "scalerl.cli.main", "export", str(trainer.run_dir), "--out", str(tmp_path / name), "--dtype", "fp32",
+                       *extra).returncode == 0
+        done = run_cli("-m", "scalerl.cli.main", "eval", str(tmp_path / name), "--max-tasks", "16", "--json", str(tmp_path / f"{name}.json"))
+        assert done.returncode == 0, done.stderr
+        scores[name] = json.loads((tmp_path / f"{name}.json").read_text())["pass_rate"]
+    assert scores["adapters"] == scores["merged"]
+    done = run_cli("-m", "scalerl.cli.main", "train", "--set", f"model.path={tmp_path / 'adapters'}", "--dry-run")
+    assert done.returncode == 2 and "is a LoRA adapter folder (peft's adapter_config.json; its base model: " in done.stderr
+    assert "give the base" in done.stderr and "\n" not in done.stderr.strip()
+
+
+def test_importing_peft_asks_the_hub_for_no_kernel():
+    """Importing peft imports bitsandbytes, whose CPU backend (on a CPU with AVX512-BF16) fetches a kernel from the Hub
+    through kernels.get_kernel at import, and warns where it cannot: ScaleRL's import refuses the fetch, quietly. In a
+    fresh interpreter, where bitsandbytes is not imported yet; the fake records any call that gets through."""
+    pytest.importorskip("kernels")
+    code = ("import kernels, sys\ncalls = []\n"
+            "def fake(*args, **kwargs):\n    calls.append(args)\n    raise RuntimeError('fake hub')\n"
+            "kernels.get_kernel = fake\n"
+            "assert 'bitsandbytes' not in sys.modules\n"
+            "from scalerl.models.lora import import_peft\nimport_peft()\n"
+            "print('calls', len(calls), 'restored', kernels.get_kernel is fake)\n")
+    done = run_cli("-c", code, process=True)
+    assert done.returncode == 0, done.stderr
+    assert "calls 0 restored True" in done.stdout and "kernels-community" not in done.stderr, (done.stdout, done.stderr)

@@ -299,3 +299,46 @@ def test_cli_reward_model_env_is_scored_by_its_components(runs):
     assert rows[-1]["task_reward_mean"] == 0.0 and rows[-1]["reward_mean"] == pytest.approx(rows[-1]["reward/brevity_mean"])
     # the held-out number is the mean fused reward of greedy completions (length/8 > 0 for a non-empty one)
     assert 0 < summary["pass_rate_after"] <= 1
+
+
+def _only_completions(completions):  # no **kwargs: cannot take the columns
+    return [1.0] * len(completions)
+
+
+def _asks_for_a_missing_column(completions, solution, **kwargs):
+    return [1.0] * len(completions)
+
+
+def _raises_its_own_type_error(completions, **kwargs):
+    return [len(None)]  # a TypeError from inside the function: left as it is
+
+
+def test_a_signature_that_cannot_take_the_call_says_what_to_change():
+    from scalerl.rewards.safe_call import call_function
+
+    kwargs = {"answer": ["3"], "tasks": [None]}
+    with pytest.raises(TypeError, match=r"got an unexpected keyword argument .*; fn:only is called with prompts, completions, answer, "
+                                        r"tasks by name: add \*\*kwargs to its signature to take only what it names"):
+        call_function(_only_completions, "fn:only", ["1+2="], ["3"], kwargs, 5.0)
+    with pytest.raises(TypeError, match=r"missing 1 required positional argument: 'solution'; fn:missing asks for 'solution', which "
+                                        r"the call does not pass: it passes prompts, completions, answer, tasks$"):
+        call_function(_asks_for_a_missing_column, "fn:missing", ["1+2="], ["3"], kwargs, 5.0)
+    with pytest.raises(TypeError, match=r"^object of type 'NoneType' has no len\(\)$"):
+        call_function(_raises_its_own_type_error, "fn:own", ["1+2="], ["3"], kwargs, 5.0)
+
+
+def test_a_callable_rewards_traceback_starts_at_the_users_own_frame():
+    """The Python API's callables run in this process: the reported traceback leaves out ScaleRL's frames above the
+    function (the component's call, call_function, the API's column wrapper), as a worker's report does."""
+    from scalerl.rewards.components import CallableComponent
+    from scalerl.rewards.safe_call import RewardCallError
+
+    def raising(completions, **kwargs):
+        raise ValueError("nope")
+
+    component = CallableComponent("bad", "python:bad", raising, timeout_s=5.0)
+    with pytest.raises(RewardCallError) as caught:
+        component.score(_inputs())
+    report = caught.value.message
+    assert report.startswith("Traceback (most recent call last):\n") and "in raising" in report and report.strip().endswith("ValueError: nope")
+    assert "scalerl/rewards" not in report and "scalerl/api" not in report, report
