@@ -84,6 +84,16 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.add_text(tag, text, step)
 
+    def before(self, metrics: dict[str, float]) -> None:
+        """Step 0's scalars (the untrained model's evaluation): to TensorBoard and the sinks, where the curves then start
+        at the baseline; not to metrics.jsonl, whose rows are training steps (summary.json keeps pass_rate_before)."""
+        if self._tb is not None:
+            with writing(self._tb_dir):
+                for key, value in metrics.items():
+                    self._tb.add_scalar(key, value, 0)
+        for sink in self._sinks:
+            sink.log(0, metrics)
+
     def _forward_events(self) -> None:
         if self._sinks and (rows := self._events.read_new()):
             for sink in self._sinks:
@@ -127,6 +137,9 @@ class NullLogger:
         pass
 
     def text(self, step: int, tag: str, text: str) -> None:
+        pass
+
+    def before(self, metrics: dict[str, float]) -> None:
         pass
 
     def close(self) -> None:

@@ -118,6 +118,7 @@ class Bookkeeping:
         self.times["eval_time_s"] += seconds
         self.show_samples(step)
         if step == 0:
+            self.logger.before({"eval/pass_rate": pass_rate})  # TensorBoard's eval curve starts at the untrained model
             return self.health.check_pass_rate(0, pass_rate)  # the best so far starts at the untrained model's
         return {"eval/pass_rate": pass_rate, "eval_time_s": seconds, **self.health.check_pass_rate(step, pass_rate)}
 

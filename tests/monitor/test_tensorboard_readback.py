@@ -1,7 +1,8 @@
-"""TensorBoard's own reader sees exactly the scalars of metrics.jsonl."""
+"""TensorBoard's own reader sees exactly the scalars of metrics.jsonl, and the untrained model's evaluation at step 0."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -20,6 +21,8 @@ def test_tensorboard_event_files_hold_the_metrics_jsonl_values(tmp_path_factory)
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 expected.setdefault(key, []).append((row["step"], value))
+    before = json.loads((run.run_dir / "summary.json").read_text())["pass_rate_before"]
+    expected["eval/pass_rate"].insert(0, (0, before))  # the curve starts at the untrained model (summary.json's)
     acc = EventAccumulator(str(run.run_dir / "tensorboard"), size_guidance={"scalars": 0})
     acc.Reload()
     assert set(acc.Tags()["scalars"]) == set(expected)
