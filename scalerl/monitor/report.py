@@ -180,9 +180,9 @@ def plot_forecast(data: RunData, forecast: dict[str, Any]) -> bytes:
     ax.plot([x for x, _ in forecast["points"]], [y for _, y in forecast["points"]], "o", color="#d62728", markersize=4,
             label="fitted points")
     ax.axhline(forecast["A"], color="#1f77b4", linestyle="--", linewidth=0.8)
-    ax.set_title("Held-out pass rate: forecast")
+    ax.set_title(f"Held-out {eval_metric(data)}: forecast")
     ax.set_xlabel(forecast["compute_key"])
-    ax.set_ylabel("pass rate")
+    ax.set_ylabel(eval_metric(data))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=9)
     return png(fig)
@@ -209,9 +209,16 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else html.escape(str(value))
 
 
+def eval_metric(data: RunData) -> str:
+    """What eval/pass_rate measures: a pass rate (an environment's verifier) or a mean reward (the run's reward functions)."""
+    return str(data.summary.get("eval_metric", "pass rate"))
+
+
 def _summary_table(data: RunData) -> str:
     keys = ["pass_rate_before", "pass_rate_after", "steps", "wall_time_s", "train_time_s", "tokens_per_s"]
-    cells = "".join(f"<tr><th>{k}</th><td>{_fmt(data.summary[k])}</td></tr>" for k in keys if k in data.summary)
+    metric = eval_metric(data)
+    labels = {"pass_rate_before": f"held-out {metric} before (pass_rate_before)", "pass_rate_after": f"held-out {metric} after (pass_rate_after)"}
+    cells = "".join(f"<tr><th>{html.escape(labels.get(k, k))}</th><td>{_fmt(data.summary[k])}</td></tr>" for k in keys if k in data.summary)
     last = data.rows[-1]
     cells += f"<tr><th>last logged step</th><td>{last['step']}</td></tr>"
     return f'<table class="kv">{cells}</table>'
@@ -245,7 +252,8 @@ tr.critical{background:#fdd}tr.warning{background:#fed}"""
 def render_report(data: RunData, forecast: dict[str, Any] | None, forecast_note: str) -> str:
     """The report's HTML: summary, health verdict, events, one figure per panel, forecast."""
     name = html.escape(data.run_dir.name)
-    plots = [panel_html(data, title, keys, right) for title, keys, right in PANELS]
+    metric = eval_metric(data)
+    plots = [panel_html(data, f"Held-out {metric}" if keys == ["eval/pass_rate"] else title, keys, right) for title, keys, right in PANELS]
     if forecast is not None:
         fc = (f"<p>A (asymptote) {_fmt(forecast['A'])}, B {_fmt(forecast['B'])}, C_mid {_fmt(forecast['C_mid'])}, "
               f"R0 {_fmt(forecast['R0'])}, over {len(forecast['points'])} points ({html.escape(forecast['compute_key'])})</p>"

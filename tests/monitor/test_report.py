@@ -152,3 +152,16 @@ def test_headless_chromium_renders_the_report_of_a_real_run(tmp_path, tmp_path_f
     assert pixels.size == (1000, 2400)
     assert ImageStat.Stat(pixels).stddev[0] > 10  # not a blank page: text and plot lines on white
     assert len(pixels.getcolors(maxcolors=1 << 16) or range(1 << 16)) > 50
+
+
+def test_a_reward_run_is_labelled_a_mean_reward_not_a_pass_rate(tmp_path):
+    """summary.json's eval_metric (an environment without a verifier: "mean reward") names what eval/pass_rate holds in
+    the summary table, the held-out panel and the forecast."""
+    run = _synthetic_run(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "eval_metric": "mean reward"}))
+    page = render_report(load_run(run), None, "no forecast")
+    assert "<th>held-out mean reward before (pass_rate_before)</th>" in page and "Held-out mean reward" in _pngs(page)
+    assert "pass rate" not in page.replace("pass_rate", "")
+    plain = render_report(load_run(_synthetic_run(tmp_path / "verifier")), None, "no forecast")  # no eval_metric: a pass rate
+    assert "<th>held-out pass rate after (pass_rate_after)</th>" in plain and "Held-out pass rate" in _pngs(plain)
