@@ -110,7 +110,8 @@ class Trainer:
 
     def save(self, path: str | Path, *, dtype: str = "fp32", overwrite: bool = False) -> Path:
         """Write the trained policy as a Hugging Face folder (weights in `dtype`, config, tokenizer, generation config),
-        loadable with `AutoModelForCausalLM.from_pretrained(path)`; `scalerl export` writes the same folder."""
+        loadable with `AutoModelForCausalLM.from_pretrained(path)`; `scalerl export` writes the same folder (its default
+        dtype is bf16, this one's fp32)."""
         from scalerl.jobs.export import export_model
 
         if self.summary is None and not (self.run_dir / "checkpoints").is_dir():

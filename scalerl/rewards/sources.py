@@ -26,7 +26,8 @@ def in_process(spec: str, functions: Mapping[str, Callable] | None, where: str =
     name = spec[len(PYTHON):]
     if functions is None or name not in functions:
         raise ScaleRLError(f"{where}={spec} names a Python callable handed to scalerl.Trainer in its own script, which "
-                           "alone holds it; run it from that script, or name the function as module:function")
+                           "alone holds it; run it from that script (its score: `trainer.evaluate()` there), or name the function as "
+                           "module:function")
     return functions[name]
 
 

@@ -157,7 +157,7 @@ def test_the_cli_refuses_a_python_callable_by_name_in_one_line(runs):
                   timeout=240)
     assert out.returncode == 2, out.stderr[-2000:]
     line = out.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: ") and "python:rw" in line and "module:function" in line
+    assert line.startswith("error: ") and "python:rw" in line and "module:function" in line and "`trainer.evaluate()` there" in line
     assert not (runs / "cli-run").exists()  # refused with the config's checks, before anything loaded or was written
 
 
