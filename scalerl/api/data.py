@@ -125,4 +125,5 @@ def trl_style(fn: Callable) -> Callable:
             completions = [[{"role": "assistant", "content": c}] for c in completions]
         return fn(prompts=prompts, completions=completions, **columns)
     call.__name__ = getattr(fn, "__name__", "reward")
+    call.__wrapped__ = fn  # inspect.signature reads the user's: a call it cannot take gets its hint (rewards/safe_call.py)
     return call

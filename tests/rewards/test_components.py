@@ -325,6 +325,10 @@ def test_a_signature_that_cannot_take_the_call_says_what_to_change():
         call_function(_asks_for_a_missing_column, "fn:missing", ["1+2="], ["3"], kwargs, 5.0)
     with pytest.raises(TypeError, match=r"^object of type 'NoneType' has no len\(\)$"):
         call_function(_raises_its_own_type_error, "fn:own", ["1+2="], ["3"], kwargs, 5.0)
+    from scalerl.api.data import trl_style  # the Python API's wrapper: the hint reads the user's signature through it
+
+    with pytest.raises(TypeError, match=r"; python:only is called with prompts, completions, answer by name: add \*\*kwargs"):
+        call_function(trl_style(_only_completions), "python:only", ["1+2="], ["3"], {"answer": ["3"]}, 5.0)
 
 
 def test_a_callable_rewards_traceback_starts_at_the_users_own_frame():
