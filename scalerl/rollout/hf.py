@@ -103,8 +103,8 @@ class DecodeClock:
 class CompileTrial:
     """rollout.decode=auto's choice of compiling the decode step, by measurement.
 
-    The kept decoder's generations (training's shape) are timed. Once `TIMED` of them (after the first, a warm-up)
-    say that the generations still planned (the run's steps after the policy version that generates: a resumed run
+    The kept decoder's generations (training's shape) are timed. Once the last `TIMED` of them (after the first, a
+    warm-up; checked after every generation, as completions grow) say that the generations still planned (the run's steps after the policy version that generates: a resumed run
     has fewer ahead) would take `AHEAD_S` or more eagerly, the step is compiled and its next
     `TIMED` generations after the one that compiled are timed too; the compiled step stays if its median is at
     least `MARGIN` faster than the eager one, else the eager step comes back. One trial a run, on the kept shape: other
@@ -134,6 +134,8 @@ class CompileTrial:
         if self.verdict not in (None, "trying"):
             return None
         (self.compiled if decoder.compiled else self.eager).append(seconds)
+        if len(self.eager) > self.TIMED + 1:  # the warm-up and the last TIMED: a long run's record stays this short
+            del self.eager[1]
         eager = statistics.median(self.eager[1:]) if len(self.eager) > self.TIMED else None
         if self.verdict is None and eager is not None:
             left = max(self.planned - version - 1, 0)

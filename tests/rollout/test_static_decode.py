@@ -260,6 +260,7 @@ def test_auto_goes_back_to_the_eager_step_or_never_tries(monkeypatch, planned, c
         out, _ = _sample(model, "auto", params, sampler=sampler)
         assert torch.equal(out.completion_ids, own.completion_ids)
     assert sampler.trial.verdict == verdict and sampler._static.compiled is compiled_after
+    assert len(sampler.trial.eager) == CompileTrial.TIMED + 1  # the warm-up and the last TIMED, however long the run
     evaluation = sampler.sample(PROMPTS[:2], params, seeds=[11, 12])  # another shape: its own decoder, eager, gone after
     assert torch.equal(evaluation.completion_ids, own.completion_ids[:4]) and sampler._static.compiled is compiled_after
 
